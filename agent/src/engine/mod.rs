@@ -1,0 +1,1 @@
+//! Engines (being written).

@@ -1,0 +1,1 @@
+//! Faults in the IO path (being written).

@@ -1,0 +1,1 @@
+//! fio job files (being written).

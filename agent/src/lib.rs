@@ -1,0 +1,28 @@
+//! lockstep-agent: runs fio-equivalent workloads on the volumes of one node.
+//!
+//! Map of the crate, one module per concept:
+//! - `job`: a job's options, typed, with fio's meanings and defaults (the contract between parts);
+//! - `units`: fio's number syntax (`4k`, `1g`, `10%`, `30s`);
+//! - `jobfile`: fio job files (INI, `[global]`, `include`, `${ENV}`) into `JobSpec`s, with errors
+//!   that name file, line and option;
+//! - `workload`: the pure generator of the next IO (direction, file, offset, length);
+//! - `rate`: the pure open-loop scheduler (intended issue times for `rate_iops`/`rate`);
+//! - `engine/`: the small engine contract (queue, commit, reap) and its implementations:
+//!   io_uring, pread/pwrite worker threads, null;
+//! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
+//! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
+//! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
+//! - `report/`: the results structure and one exporter per format;
+//! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...).
+
+pub mod engine;
+pub mod fault;
+pub mod job;
+pub mod jobfile;
+pub mod layout;
+pub mod rate;
+pub mod report;
+pub mod runner;
+pub mod stats;
+pub mod units;
+pub mod workload;

@@ -1,0 +1,1 @@
+//! Rate scheduler (being written).

@@ -1,0 +1,1 @@
+//! fio JSON exporter (being written).

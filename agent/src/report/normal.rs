@@ -1,0 +1,1 @@
+//! Normal (human) exporter (being written).

@@ -1,0 +1,1 @@
+//! Runner (being written).

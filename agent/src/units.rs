@@ -1,0 +1,1 @@
+//! fio number syntax (being written).

@@ -1,0 +1,1 @@
+//! Chokepoint analysis (being written).
