@@ -13,6 +13,7 @@
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
+//! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
 //! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...).
 
 pub mod engine;
@@ -23,6 +24,8 @@ pub mod layout;
 pub mod rate;
 pub mod report;
 pub mod runner;
+pub mod progress;
+pub mod standalone;
 pub mod stats;
 pub mod units;
 pub mod workload;

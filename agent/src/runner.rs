@@ -1,1 +1,920 @@
-//! Runner (being written).
+//! Runs jobs: one OS thread per job clone, each with its own engine, buffers and generator.
+//!
+//! The hot loop takes clock readings per batch, not per IO (one after commit, one after reap),
+//! records into per-interval histograms, and folds them into the job's totals once per interval,
+//! so per-IO cost is a generator step, an engine queue and three histogram increments.
+//!
+//! Time line of a clone: set-up (open, allocate) → start barrier shared by its stonewall group →
+//! `startdelay` → `ramp_time` (IO runs, nothing is kept) → timed part (`runtime`, or until the
+//! generator is done) → `end_fsync` → verify. Groups (split at `stonewall`) run one after the other.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::engine::{self, Completion, Engine, IoOp};
+use crate::fault::{Admission, IoFault, IoGate, Outcome};
+use crate::job::{Direction, EngineKind, JobSpec, VerifyKind};
+use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
+use crate::rate::RateScheduler;
+use crate::report::{JobReport, RunReport};
+use crate::stats::{DirStats, IntervalSummary, JobStats, depth_bucket, record};
+use crate::workload::{Generator, WorkloadParams};
+
+/// A finished interval of one job clone, with its own (not cumulative) histograms. The agent
+/// daemon ships these to the coordinator; a standalone run ignores them.
+pub struct IntervalSnapshot<'a> {
+    pub job_index: usize,
+    pub job_name: &'a str,
+    pub clone: u32,
+    pub summary: &'a IntervalSummary,
+    pub dirs: &'a [DirStats; 2],
+}
+
+pub trait IntervalSink: Send + Sync {
+    fn on_interval(&self, snapshot: IntervalSnapshot<'_>);
+}
+
+/// Faults for one job clone's IO path (built by the caller from a plan's fault schedule).
+#[derive(Default)]
+pub struct CloneFaults {
+    pub gate: Option<Box<dyn IoGate>>,
+    pub fault: Option<Box<dyn IoFault>>,
+}
+
+/// Builds the faults of (job index, clone); `None` for no faults.
+pub type FaultFactory = dyn Fn(usize, u32) -> CloneFaults + Send + Sync;
+
+/// Cumulative counters for a live view, updated once per interval by every clone.
+#[derive(Debug, Default)]
+pub struct LiveCounters {
+    pub ios: [AtomicU64; 2],
+    pub bytes: [AtomicU64; 2],
+    pub errors: AtomicU64,
+    /// Clones still running.
+    pub running: AtomicU64,
+}
+
+pub struct RunOptions {
+    pub allow_block_devices: bool,
+    pub keep_files: bool,
+    /// Set to stop every job early (Ctrl-C, coordinator abort); results so far are kept.
+    pub stop: Arc<AtomicBool>,
+    pub interval: Duration,
+    pub sink: Option<Arc<dyn IntervalSink>>,
+    pub live: Arc<LiveCounters>,
+    pub faults: Option<Arc<FaultFactory>>,
+    /// Draws layout progress (a hidden bar when not on a terminal).
+    pub layout_progress: Box<dyn LayoutProgress>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            allow_block_devices: false,
+            keep_files: false,
+            stop: Arc::new(AtomicBool::new(false)),
+            interval: Duration::from_secs(1),
+            sink: None,
+            live: Arc::new(LiveCounters::default()),
+            faults: None,
+            layout_progress: Box::new(layout::NoProgress),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("job '{job}': {message}")]
+    Setup { job: String, message: String },
+}
+
+/// Runs every job of a job file and returns what they measured. Set-up problems (bad targets,
+/// layout failures) are errors before any timed IO; IO errors during the run end the job that
+/// hit them (as fio's default `continue_on_error=none`) and are reported in its `JobReport`.
+pub fn run_jobs(jobs: &[JobSpec], opts: &RunOptions) -> Result<RunReport, RunError> {
+    let started = SystemTime::now();
+    let t_start = Instant::now();
+    for job in jobs {
+        validate(job)?;
+    }
+    // Plan every file first: any bad target is refused before anything is written.
+    let mut plans: Vec<Vec<Vec<PlannedFile>>> = Vec::new();
+    for job in jobs {
+        let mut per_clone = Vec::new();
+        for clone in 0..job.numjobs {
+            per_clone.push(if job.engine == EngineKind::Null {
+                Vec::new()
+            } else {
+                layout::plan_files(job, clone)?
+            });
+        }
+        plans.push(per_clone);
+    }
+    let mut created = CreatedFiles::default();
+    let needs_data = |j: &JobSpec| j.pattern.reads() || j.verify.is_some();
+    let all: Vec<PlannedFile> = jobs
+        .iter()
+        .zip(&plans)
+        .filter(|(j, _)| needs_data(j))
+        .flat_map(|(_, p)| p.iter().flatten().cloned())
+        .collect();
+    layout::lay_out(&all, true, opts.allow_block_devices, &mut created, &*opts.layout_progress)?;
+    let write_only: Vec<PlannedFile> = jobs
+        .iter()
+        .zip(&plans)
+        .filter(|(j, _)| !needs_data(j))
+        .flat_map(|(_, p)| p.iter().flatten().cloned())
+        .collect();
+    if let Err(e) = layout::lay_out(
+        &write_only,
+        false,
+        opts.allow_block_devices,
+        &mut created,
+        &*opts.layout_progress,
+    ) {
+        created.remove_all();
+        return Err(e.into());
+    }
+
+    let mut reports = Vec::new();
+    let mut groupid = 0u32;
+    let mut i = 0;
+    while i < jobs.len() {
+        let mut end = i + 1;
+        while end < jobs.len() && !jobs[end].stonewall {
+            end += 1;
+        }
+        if opts.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        reports.extend(run_group(jobs, &plans, i..end, groupid, opts));
+        groupid += 1;
+        i = end;
+    }
+    if !opts.keep_files {
+        for problem in created.remove_all() {
+            tracing::warn!("{problem}");
+        }
+    }
+    Ok(RunReport { jobs: reports, started, elapsed: t_start.elapsed() })
+}
+
+fn validate(job: &JobSpec) -> Result<(), RunError> {
+    let err = |message: String| RunError::Setup { job: job.name.clone(), message };
+    if job.time_based && job.runtime.is_none() {
+        return Err(err("time_based needs runtime= (otherwise the job never ends)".into()));
+    }
+    if job.direct {
+        for &(bs, _) in job.bs.iter().flatten() {
+            if bs % 512 != 0 {
+                return Err(err(format!("direct=1 needs block sizes that are multiples of 512; bs={bs}")));
+            }
+        }
+    }
+    if job.max_bs() > u32::MAX as u64 / 2 {
+        return Err(err(format!("block size {} is too large (at most 1 GiB)", job.max_bs())));
+    }
+    Ok(())
+}
+
+fn run_group(
+    jobs: &[JobSpec],
+    plans: &[Vec<Vec<PlannedFile>>],
+    range: std::ops::Range<usize>,
+    groupid: u32,
+    opts: &RunOptions,
+) -> Vec<JobReport> {
+    let clones: usize = jobs[range.clone()].iter().map(|j| j.numjobs as usize).sum();
+    let barrier = Arc::new(Barrier::new(clones));
+    let run_seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for idx in range.clone() {
+            let job = &jobs[idx];
+            for clone in 0..job.numjobs {
+                let base = if job.randrepeat { job.randseed } else { run_seed };
+                let seed = mix(base, idx as u64, clone as u64);
+                let faults = opts.faults.as_ref().map(|f| f(idx, clone)).unwrap_or_default();
+                let ctx = CloneCtx {
+                    job,
+                    job_index: idx,
+                    clone,
+                    groupid,
+                    files: &plans[idx][clone as usize],
+                    seed,
+                    barrier: barrier.clone(),
+                    opts,
+                    faults,
+                };
+                let h = std::thread::Builder::new()
+                    .name(format!("{}.{}", job.name, clone))
+                    .spawn_scoped(scope, move || run_clone(ctx))
+                    .expect("spawning a job thread");
+                handles.push(h);
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("job thread panicked"))
+            .collect()
+    })
+}
+
+/// SplitMix-style mixing so clones and jobs get independent streams from one seed.
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+struct CloneCtx<'a> {
+    job: &'a JobSpec,
+    job_index: usize,
+    clone: u32,
+    groupid: u32,
+    files: &'a [PlannedFile],
+    seed: u64,
+    barrier: Arc<Barrier>,
+    opts: &'a RunOptions,
+    faults: CloneFaults,
+}
+
+/// IO buffers: one `max_bs` buffer per slot, 4 KiB aligned for O_DIRECT, in one allocation.
+struct Buffers {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+    slot_len: usize,
+}
+
+impl Buffers {
+    fn new(slots: usize, slot_len: usize, seed: u64) -> Self {
+        let slot_len = slot_len.next_multiple_of(4096);
+        let layout = std::alloc::Layout::from_size_align(slots * slot_len, 4096)
+            .expect("buffer layout");
+        // SAFETY: non-zero size (slots >= 1, slot_len >= 4096).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory allocating IO buffers");
+        // SAFETY: ptr is valid for layout.size() bytes, owned by us.
+        let all = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
+        layout::fill_pseudo_random(all, seed);
+        Buffers { ptr, layout, slot_len }
+    }
+    fn slot(&self, i: usize) -> *mut u8 {
+        // SAFETY: i < slots, so the offset stays inside the allocation.
+        unsafe { self.ptr.add(i * self.slot_len) }
+    }
+    fn slice(&mut self, i: usize, len: usize) -> &mut [u8] {
+        // SAFETY: the slot is ours while no IO using it is in flight (caller's invariant).
+        unsafe { std::slice::from_raw_parts_mut(self.slot(i), len) }
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    dir: Direction,
+    file: u32,
+    offset: u64,
+    len: u32,
+    ready: Instant,
+    submitted: Instant,
+    intended: Option<Instant>,
+    outcome: Outcome,
+}
+
+/// Per-thread resource usage, for fio's cpu line.
+fn thread_rusage() -> libc::rusage {
+    // SAFETY: getrusage fills the struct we pass.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    }
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000)
+}
+
+const VERIFY_MAGIC: u64 = 0x3130_5650_5453_4b4c; // "LKSTPV01"
+const VERIFY_HEADER: usize = 40;
+
+/// Fills a write buffer with a self-describing block: header (magic, offset, len, generation,
+/// seed) then deterministic data, then the crc32c of everything but the crc field.
+fn fill_verify_block(buf: &mut [u8], file: u32, offset: u64, generation: u32, seed: u64) {
+    let len = buf.len();
+    layout::fill_pseudo_random(&mut buf[VERIFY_HEADER..], mix(seed, offset, generation as u64));
+    buf[0..8].copy_from_slice(&VERIFY_MAGIC.to_le_bytes());
+    buf[8..16].copy_from_slice(&offset.to_le_bytes());
+    buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+    buf[20..24].copy_from_slice(&generation.to_le_bytes());
+    buf[24..28].copy_from_slice(&file.to_le_bytes());
+    buf[28..36].copy_from_slice(&seed.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..36]), &buf[VERIFY_HEADER..]);
+    buf[36..40].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// What a verified read found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BlockCheck {
+    Good,
+    /// Not one of our blocks at all (never written, or overwritten by something else).
+    Lost,
+    /// Ours, but an older generation: a write was acknowledged and not persisted.
+    Stale { found: u32 },
+    /// Header or checksum does not match.
+    Corrupt,
+}
+
+pub fn check_verify_block(buf: &[u8], offset: u64, generation: u32) -> BlockCheck {
+    if buf.len() < VERIFY_HEADER || buf[0..8] != VERIFY_MAGIC.to_le_bytes() {
+        return BlockCheck::Lost;
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..36]), &buf[VERIFY_HEADER..]);
+    if buf[36..40] != crc.to_le_bytes()
+        || buf[8..16] != offset.to_le_bytes()
+        || buf[16..20] != (buf.len() as u32).to_le_bytes()
+    {
+        return BlockCheck::Corrupt;
+    }
+    let found = u32::from_le_bytes(buf[20..24].try_into().unwrap());
+    if found != generation { BlockCheck::Stale { found } } else { BlockCheck::Good }
+}
+
+fn errno_text(result: i64) -> String {
+    let err = std::io::Error::from_raw_os_error((-result) as i32);
+    format!("{err}{}", layout::io_hint(&err))
+}
+
+fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
+    let job = ctx.job;
+    let open_loop = job.rate.is_limited();
+    let mut report = JobReport {
+        spec: job.clone(),
+        clone: ctx.clone,
+        groupid: ctx.groupid,
+        stats: JobStats::new(open_loop),
+        error: None,
+        started: SystemTime::now(),
+    };
+    let live = &ctx.opts.live;
+    live.running.fetch_add(1, Ordering::Relaxed);
+    let result = clone_body(&mut ctx, &mut report);
+    live.running.fetch_sub(1, Ordering::Relaxed);
+    if let Err(message) = result {
+        report.error = Some(message);
+    }
+    report
+}
+
+fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), String> {
+    let job = ctx.job;
+    let depth = job.iodepth.max(1) as usize;
+    let null = job.engine == EngineKind::Null;
+    let writes = job.pattern.writes();
+    // Set-up errors must still release the barrier, or the rest of the group waits forever.
+    let setup = (|| -> Result<_, String> {
+        let mut files: Vec<File> = Vec::new();
+        for f in ctx.files {
+            let file = layout::open_target(&f.path, job.direct, writes || job.verify.is_some())
+                .map_err(|e| e.to_string())?;
+            if job.invalidate && !job.direct {
+                layout::invalidate(&file);
+            }
+            files.push(file);
+        }
+        let regions = if null {
+            // The null engine touches nothing; give the generator a large virtual file.
+            vec![crate::workload::FileRegion {
+                offset: 0,
+                len: match job.size {
+                    Some(crate::job::Extent::Bytes(b)) if b > 0 => b,
+                    _ => 1 << 40,
+                },
+            }]
+        } else {
+            ctx.files.iter().map(|f| f.region).collect()
+        };
+        let total: u64 = regions.iter().map(|r| r.len).sum();
+        let params = WorkloadParams {
+            pattern: job.pattern,
+            rwmixread: job.rwmixread,
+            bs: job.bs.clone(),
+            files: regions,
+            distribution: job.distribution,
+            norandommap: job.norandommap,
+            io_limit: if job.time_based { None } else { Some(job.io_size.unwrap_or(total)) },
+            wrap: job.time_based,
+            align: job.min_bs(),
+        };
+        let generator = Generator::new(params, ctx.seed).map_err(|e| e.to_string())?;
+        let engine = engine::build(job.engine, depth as u32).map_err(|e| e.to_string())?;
+        let rate = rate_ios_per_sec(job)
+            .map(|r| RateScheduler::new(r, job.rate.process, ctx.seed ^ 0xA5A5))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        Ok((files, generator, engine, rate))
+    })();
+    ctx.barrier.wait();
+    let (files, mut generator, mut engine, mut rate) = setup?;
+    if !job.startdelay.is_zero() {
+        sleep_unless_stopped(job.startdelay, &ctx.opts.stop);
+    }
+    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let mut buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
+    let mut gate = ctx.faults.gate.take();
+    let mut fault = ctx.faults.fault.take();
+    let mut verify_map: HashMap<(u32, u64), (u32, u32)> = HashMap::new();
+    let verify_seed = ctx.seed;
+
+    let stats = &mut report.stats;
+    let mut iv = [DirStats::new(rate.is_some()), DirStats::new(rate.is_some())];
+    let mut slots: Vec<Option<Slot>> = vec![None; depth];
+    let mut free: Vec<u32> = (0..depth as u32).rev().collect();
+    let mut completions: Vec<Completion> = Vec::with_capacity(depth);
+    let mut queued_now: Vec<u32> = Vec::with_capacity(depth);
+
+    let t0 = Instant::now();
+    let mut measuring = job.ramp_time.is_zero();
+    let mut timed_start = t0;
+    let ramp_end = t0 + job.ramp_time;
+    let mut deadline = job.runtime.map(|r| t0 + job.ramp_time + r);
+    let interval = ctx.opts.interval;
+    let mut next_tick = timed_start + interval;
+    let mut last_tick = timed_start;
+    let mut ru_start = thread_rusage();
+    let rate_origin = t0;
+    let mut next_intended: Option<Instant> =
+        rate.as_mut().map(|r| rate_origin + Duration::from_nanos(r.next_intended_ns()));
+    let mut not_before: Option<Instant> = None;
+    let mut since_think = 0u32;
+    let mut writes_since_sync = 0u32;
+    let sync_every = if job.fsync > 0 { job.fsync } else { job.fdatasync };
+    let mut sync_pending = false;
+    let mut exhausted = false;
+    let mut inflight = 0usize;
+    let mut area = 0f64; // integral of inflight over time in the current interval (IO·ns)
+    let mut last_now = t0;
+    let mut failure: Option<String> = None;
+    let stop = &ctx.opts.stop;
+    let gate_origin = t0;
+
+    loop {
+        let mut now = Instant::now();
+        area += inflight as f64 * (now - last_now).as_nanos() as f64;
+        last_now = now;
+        if !measuring && now >= ramp_end {
+            measuring = true;
+            timed_start = now;
+            for d in iv.iter_mut() {
+                d.reset();
+            }
+            stats.sync = Default::default();
+            stats.depth_hist = [0; 7];
+            next_tick = now + interval;
+            last_tick = now;
+            area = 0.0;
+            ru_start = thread_rusage();
+        }
+        if measuring && now >= next_tick {
+            close_interval(ctx, stats, &mut iv, &mut area, last_tick, now, timed_start);
+            last_tick = now;
+            next_tick += interval;
+            if next_tick <= now {
+                next_tick = now + interval;
+            }
+        }
+        let time_up = deadline.is_some_and(|d| now >= d);
+        let stopping = time_up || failure.is_some() || stop.load(Ordering::Relaxed);
+        if stopping {
+            deadline = Some(now.min(deadline.unwrap_or(now)));
+        }
+
+        // Issue as many IOs as the depth, the rate, thinktime and fsync allow.
+        queued_now.clear();
+        while !stopping && !exhausted && !sync_pending {
+            let Some(&slot_idx) = free.last() else { break };
+            if let Some(t) = not_before {
+                if now < t {
+                    break;
+                }
+                not_before = None;
+            }
+            let intended = match next_intended {
+                Some(t) if t > now => break,
+                other => other,
+            };
+            let Some(req) = generator.next() else {
+                exhausted = true;
+                break;
+            };
+            let gate_now = (now - gate_origin).as_nanos() as u64;
+            if let Some(g) = gate.as_mut() {
+                if let Admission::At(t) = g.admit(gate_now, req.dir, req.len) {
+                    // Hold this IO until the gate admits it: wait, then charge and issue.
+                    let wait_until = gate_origin + Duration::from_nanos(t);
+                    sleep_until_unless_stopped(wait_until, stop);
+                    now = Instant::now();
+                }
+                g.charge((now - gate_origin).as_nanos() as u64, req.dir, req.len);
+            }
+            let outcome = match fault.as_mut() {
+                Some(f) => f.on_issue((now - gate_origin).as_nanos() as u64, req.dir, req.len),
+                None => Outcome::Deliver,
+            };
+            free.pop();
+            let len = req.len as u32;
+            if req.dir == Direction::Write && job.verify.is_some() {
+                let key = (req.file as u32, req.offset);
+                let generation = verify_map.get(&key).map_or(1, |&(_, g)| g + 1);
+                fill_verify_block(
+                    buffers.slice(slot_idx as usize, len as usize),
+                    req.file as u32,
+                    req.offset,
+                    generation,
+                    verify_seed,
+                );
+                if !matches!(outcome, Outcome::DropWrite) {
+                    verify_map.insert(key, (len, generation));
+                } else {
+                    verify_map.entry(key).or_insert((len, 0));
+                }
+            }
+            slots[slot_idx as usize] = Some(Slot {
+                dir: req.dir,
+                file: req.file as u32,
+                offset: req.offset,
+                len,
+                ready: now,
+                submitted: now,
+                intended,
+                outcome,
+            });
+            let fail_now = matches!(outcome, Outcome::FailEio | Outcome::DropWrite);
+            if !fail_now {
+                let op = IoOp {
+                    dir: req.dir,
+                    fd: if null { -1 } else { fds[req.file] },
+                    offset: req.offset,
+                    len,
+                    buf: buffers.slot(slot_idx as usize),
+                    tag: slot_idx,
+                };
+                if let Err(e) = engine.queue(op) {
+                    failure = Some(e.to_string());
+                    free.push(slot_idx);
+                    slots[slot_idx as usize] = None;
+                    break;
+                }
+            } else {
+                // Faults that never reach the device complete "at once" below.
+                let result = if matches!(outcome, Outcome::DropWrite) {
+                    len as i64
+                } else {
+                    -(libc::EIO as i64)
+                };
+                completions.push(Completion { tag: slot_idx, result });
+            }
+            queued_now.push(slot_idx);
+            inflight += 1;
+            if measuring {
+                stats.depth_hist[depth_bucket(inflight as u32)] += 1;
+            }
+            if let (Some(r), Some(_)) = (rate.as_mut(), intended) {
+                next_intended = Some(rate_origin + Duration::from_nanos(r.next_intended_ns()));
+            }
+            if !job.thinktime.is_zero() {
+                since_think += 1;
+                if since_think >= job.thinktime_blocks.max(1) {
+                    since_think = 0;
+                    not_before = Some(now + job.thinktime);
+                }
+            }
+            if req.dir == Direction::Write && sync_every > 0 {
+                writes_since_sync += 1;
+                if writes_since_sync >= sync_every {
+                    writes_since_sync = 0;
+                    sync_pending = true;
+                }
+            }
+        }
+        if !queued_now.is_empty() {
+            if let Err(e) = engine.commit() {
+                failure = Some(e.to_string());
+            }
+            let t_sub = Instant::now();
+            for &s in &queued_now {
+                if let Some(slot) = slots[s as usize].as_mut() {
+                    slot.submitted = t_sub;
+                }
+            }
+        }
+
+        if inflight == 0 {
+            if sync_pending {
+                sync_pending = false;
+                do_sync(job, &files, stats, measuring, &mut failure);
+                continue;
+            }
+            if exhausted || stopping {
+                break;
+            }
+            // Nothing in flight: wait for the next intended issue time or thinktime.
+            let wake = [next_intended, not_before].into_iter().flatten().min();
+            if let Some(w) = wake {
+                let limit = (now + Duration::from_millis(50)).min(next_tick);
+                sleep_until_unless_stopped(w.min(limit), stop);
+            }
+            continue;
+        }
+
+        // Reap: block for one completion, bounded by the next thing we must do on time.
+        let mut wake = [next_tick, deadline.unwrap_or(next_tick)]
+            .into_iter()
+            .min()
+            .unwrap();
+        if !sync_pending && !exhausted {
+            if let Some(t) = next_intended {
+                wake = wake.min(t);
+            }
+            if let Some(t) = not_before {
+                wake = wake.min(t);
+            }
+        }
+        let already = completions.len();
+        let timeout = wake.saturating_duration_since(Instant::now());
+        let need_wait = already == 0;
+        if need_wait && timeout.is_zero() {
+            // Due now: poll without blocking.
+            if let Err(e) = engine.reap(0, Some(Duration::ZERO), &mut completions) {
+                failure = Some(e.to_string());
+            }
+        } else if let Err(e) = engine.reap(
+            if need_wait { 1 } else { 0 },
+            Some(timeout.max(Duration::from_micros(1))),
+            &mut completions,
+        ) {
+            failure = Some(e.to_string());
+        }
+        if completions.is_empty() {
+            continue;
+        }
+        let mut t_done = Instant::now();
+        for c in completions.drain(..) {
+            let Some(slot) = slots[c.tag as usize].take() else { continue };
+            if let Outcome::DelayBy(ns) = slot.outcome {
+                // Added latency: hold the completion until its due time.
+                let due = slot.submitted + Duration::from_nanos(ns);
+                if due > t_done {
+                    sleep_until_unless_stopped(due, stop);
+                    t_done = Instant::now();
+                }
+            }
+            if let Some(f) = fault.as_ref() {
+                if let Some(until) = f.stalled_until((t_done - gate_origin).as_nanos() as u64) {
+                    sleep_until_unless_stopped(gate_origin + Duration::from_nanos(until), stop);
+                    t_done = Instant::now();
+                }
+            }
+            free.push(c.tag);
+            inflight -= 1;
+            let d = &mut iv[slot.dir as usize];
+            d.ios += 1;
+            if c.result < 0 {
+                d.errors += 1;
+                if failure.is_none() {
+                    let path = ctx
+                        .files
+                        .get(slot.file as usize)
+                        .map(|f| f.path.display().to_string())
+                        .unwrap_or_default();
+                    failure = Some(format!(
+                        "{} of {} bytes at offset {} of {path} failed: {}",
+                        slot.dir.name(),
+                        slot.len,
+                        slot.offset,
+                        errno_text(c.result)
+                    ));
+                }
+                continue;
+            }
+            if (c.result as u64) < slot.len as u64 {
+                d.short_ios += 1;
+            }
+            d.bytes += c.result as u64;
+            let slat = (slot.submitted - slot.ready).as_nanos() as u64;
+            let clat = (t_done - slot.submitted).as_nanos() as u64;
+            let lat = (t_done - slot.ready).as_nanos() as u64;
+            record(&mut d.slat, slat);
+            d.saturated += record(&mut d.clat, clat) as u64;
+            record(&mut d.lat, lat);
+            if let (Some(h), Some(intended)) = (d.lat_intended.as_mut(), slot.intended) {
+                record(h, t_done.saturating_duration_since(intended).as_nanos() as u64);
+            }
+        }
+        let _ = &mut t_done;
+    }
+
+    let end = Instant::now();
+    if measuring {
+        area += inflight as f64 * (end - last_now).as_nanos() as f64;
+        close_interval(ctx, stats, &mut iv, &mut area, last_tick, end, timed_start);
+        stats.runtime = end - timed_start;
+    }
+    if failure.is_none() && job.end_fsync && !null {
+        do_sync(job, &files, stats, measuring, &mut failure);
+    }
+    let ru = thread_rusage();
+    stats.usr_cpu = tv(ru.ru_utime).saturating_sub(tv(ru_start.ru_utime));
+    stats.sys_cpu = tv(ru.ru_stime).saturating_sub(tv(ru_start.ru_stime));
+    stats.ctx = (ru.ru_nvcsw + ru.ru_nivcsw - ru_start.ru_nvcsw - ru_start.ru_nivcsw) as u64;
+    stats.minf = (ru.ru_minflt - ru_start.ru_minflt) as u64;
+    stats.majf = (ru.ru_majflt - ru_start.ru_majflt) as u64;
+    report.started = SystemTime::now() - (end - timed_start);
+
+    if failure.is_none() && job.verify == Some(VerifyKind::Crc32c) && !null {
+        failure = verify_all(job, &files, &verify_map, ctx.files, &mut buffers);
+    }
+    match failure {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
+fn rate_ios_per_sec(job: &JobSpec) -> Option<f64> {
+    if !job.rate.is_limited() {
+        return None;
+    }
+    let mean_bs = |d: usize| -> f64 {
+        let w: f64 = job.bs[d].iter().map(|&(_, p)| p as f64).sum::<f64>().max(1.0);
+        job.bs[d].iter().map(|&(s, p)| s as f64 * p as f64).sum::<f64>() / w
+    };
+    let share = |d: usize| -> f64 {
+        let r = job.rwmixread as f64 / 100.0;
+        match (job.pattern.reads(), job.pattern.writes(), d) {
+            (true, true, 0) => r,
+            (true, true, _) => 1.0 - r,
+            (true, false, 0) | (false, true, 1) => 1.0,
+            _ => 0.0,
+        }
+    };
+    // Each direction's limit, turned into a limit on the job's total IO rate given the mix.
+    let mut total: Option<f64> = None;
+    for d in 0..2 {
+        let per_dir = match (job.rate.iops[d], job.rate.bytes_per_sec[d]) {
+            (Some(i), _) => Some(i as f64),
+            (None, Some(b)) => Some(b as f64 / mean_bs(d)),
+            _ => None,
+        };
+        if let Some(r) = per_dir {
+            if share(d) > 0.0 {
+                let t = r / share(d);
+                total = Some(total.map_or(t, |x: f64| x.min(t)));
+            }
+        }
+    }
+    total
+}
+
+fn close_interval(
+    ctx: &CloneCtx<'_>,
+    stats: &mut JobStats,
+    iv: &mut [DirStats; 2],
+    area: &mut f64,
+    start: Instant,
+    end: Instant,
+    timed_start: Instant,
+) {
+    let len = end - start;
+    let summary = IntervalSummary {
+        end: end - timed_start,
+        len,
+        ios: [iv[0].ios, iv[1].ios],
+        bytes: [iv[0].bytes, iv[1].bytes],
+        errors: [iv[0].errors, iv[1].errors],
+        outstanding: if len.is_zero() { 0.0 } else { *area / len.as_nanos() as f64 },
+    };
+    let live = &ctx.opts.live;
+    for d in 0..2 {
+        live.ios[d].fetch_add(iv[d].ios, Ordering::Relaxed);
+        live.bytes[d].fetch_add(iv[d].bytes, Ordering::Relaxed);
+        live.errors.fetch_add(iv[d].errors, Ordering::Relaxed);
+    }
+    if let Some(sink) = &ctx.opts.sink {
+        sink.on_interval(IntervalSnapshot {
+            job_index: ctx.job_index,
+            job_name: &ctx.job.name,
+            clone: ctx.clone,
+            summary: &summary,
+            dirs: iv,
+        });
+    }
+    stats.dirs[0].merge(&iv[0]);
+    stats.dirs[1].merge(&iv[1]);
+    stats.intervals.push(summary);
+    iv[0].reset();
+    iv[1].reset();
+    *area = 0.0;
+}
+
+fn do_sync(
+    job: &JobSpec,
+    files: &[File],
+    stats: &mut JobStats,
+    measuring: bool,
+    failure: &mut Option<String>,
+) {
+    for f in files {
+        let t = Instant::now();
+        let r = if job.fdatasync > 0 && job.fsync == 0 { f.sync_data() } else { f.sync_all() };
+        if let Err(e) = r {
+            failure.get_or_insert_with(|| format!("fsync failed: {e}"));
+        }
+        if measuring {
+            stats.sync.ios += 1;
+            record(&mut stats.sync.lat, t.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
+/// Re-reads every block written with verify on and checks its header and crc32c.
+fn verify_all(
+    job: &JobSpec,
+    files: &[File],
+    map: &HashMap<(u32, u64), (u32, u32)>,
+    planned: &[PlannedFile],
+    buffers: &mut Buffers,
+) -> Option<String> {
+    let mut bad: Vec<String> = Vec::new();
+    let mut count = 0u64;
+    for (&(file, offset), &(len, generation)) in map {
+        let buf = buffers.slice(0, len as usize);
+        let op = IoOp {
+            dir: Direction::Read,
+            fd: files[file as usize].as_raw_fd(),
+            offset,
+            len,
+            buf: buf.as_mut_ptr(),
+            tag: 0,
+        };
+        let r = engine::sync_rw(&op);
+        let verdict = if r != len as i64 {
+            BlockCheck::Lost
+        } else {
+            check_verify_block(buffers.slice(0, len as usize), offset, generation)
+        };
+        if verdict != BlockCheck::Good && !(generation == 0 && verdict == BlockCheck::Lost) {
+            count += 1;
+            if bad.len() < 10 {
+                bad.push(format!("{}@{offset}: {verdict:?}", planned[file as usize].path.display()));
+            }
+        }
+    }
+    if count > 0 {
+        Some(format!(
+            "verify (crc32c) failed on {count} of {} blocks of job '{}': {}",
+            map.len(),
+            job.name,
+            bad.join(", ")
+        ))
+    } else {
+        None
+    }
+}
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    sleep_until_unless_stopped(Instant::now() + d, stop)
+}
+
+/// Sleeps until `t` in slices short enough to notice a stop request within 50 ms; the last
+/// stretch spins briefly so that open-loop issue times are kept to microseconds.
+fn sleep_until_unless_stopped(t: Instant, stop: &AtomicBool) {
+    loop {
+        let now = Instant::now();
+        if now >= t || stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let left = t - now;
+        if left > Duration::from_micros(200) {
+            std::thread::sleep((left - Duration::from_micros(100)).min(Duration::from_millis(50)));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

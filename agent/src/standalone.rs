@@ -1,0 +1,111 @@
+//! `lockstep-agent run JOBFILE`: one machine, like `fio JOBFILE`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::jobfile;
+use crate::progress::{self, LayoutBar};
+use crate::report::{RunReport, fio_json, normal};
+use crate::runner::{self, RunOptions};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Normal,
+    Json,
+}
+
+impl std::str::FromStr for OutputFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "normal" => Ok(OutputFormat::Normal),
+            "json" => Ok(OutputFormat::Json),
+            other => Err(format!("unknown output format '{other}': use normal or json")),
+        }
+    }
+}
+
+pub struct StandaloneArgs {
+    pub jobfile: PathBuf,
+    pub format: OutputFormat,
+    pub output: Option<PathBuf>,
+    pub overrides: Vec<(String, String)>,
+    pub allow_block_devices: bool,
+    pub keep_files: bool,
+}
+
+/// Outcome of a standalone run: the rendered report was written; `failed` says whether any job
+/// ended with an error (the binary then exits non-zero).
+pub struct Outcome {
+    pub failed: bool,
+    pub interrupted: bool,
+}
+
+/// Parses, runs and reports. Errors before any IO are returned; errors during the run are in
+/// the report, which is written in full either way.
+pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
+    let jobs = jobfile::parse_file(&args.jobfile, &args.overrides)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let visible = progress::on_terminal();
+    let opts = RunOptions {
+        allow_block_devices: args.allow_block_devices,
+        keep_files: args.keep_files,
+        stop: stop.clone(),
+        layout_progress: Box::new(LayoutBar::new(visible)),
+        ..RunOptions::default()
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let expected = jobs
+        .iter()
+        .map(|j| j.runtime.unwrap_or_default() + j.ramp_time + j.startdelay)
+        .max()
+        .filter(|d| !d.is_zero());
+    let live_line =
+        visible.then(|| progress::spawn_live_line(opts.live.clone(), done.clone(), expected));
+    let result = runner::run_jobs(&jobs, &opts);
+    done.store(true, Ordering::Relaxed);
+    if let Some(h) = live_line {
+        let _ = h.join();
+    }
+    let report = result?;
+    let text = render(&report, args.format);
+    match &args.output {
+        Some(path) => write_atomically(path, text.as_bytes())?,
+        None => std::io::stdout().write_all(text.as_bytes())?,
+    }
+    let failed = report.jobs.iter().any(|j| j.error.is_some());
+    for j in report.jobs.iter().filter_map(|j| j.error.as_ref().map(|e| (j, e))) {
+        eprintln!("lockstep-agent: job '{}' (clone {}): {}", j.0.spec.name, j.0.clone, j.1);
+    }
+    Ok(Outcome { failed, interrupted: stop.load(Ordering::Relaxed) })
+}
+
+pub fn render(report: &RunReport, format: OutputFormat) -> String {
+    match format {
+        OutputFormat::Normal => normal::render(report),
+        OutputFormat::Json => fio_json::to_string(report),
+    }
+}
+
+/// Writes to a temporary file beside `path` and renames it into place, so a reader never sees
+/// half a report and an existing report is not destroyed by a failed write.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
