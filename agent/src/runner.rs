@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::engine::{self, Completion, Engine, IoOp};
+use crate::engine::{self, Completion, IoOp};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
 use crate::job::{Direction, EngineKind, JobSpec, VerifyKind};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
@@ -68,7 +68,7 @@ pub struct RunOptions {
     pub live: Arc<LiveCounters>,
     pub faults: Option<Arc<FaultFactory>>,
     /// Draws layout progress (a hidden bar when not on a terminal).
-    pub layout_progress: Box<dyn LayoutProgress>,
+    pub layout_progress: Box<dyn LayoutProgress + Send + Sync>,
 }
 
 impl Default for RunOptions {
