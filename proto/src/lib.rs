@@ -1,1 +1,22 @@
-//! Protocol (being written).
+//! lockstep-proto: the wire contract between coordinator and agents.
+//!
+//! - `v1`: the generated gRPC types and service stubs (from `proto/lockstep.proto`);
+//! - `histogram`: HdrHistogram V2 + deflate encoding, the only way latencies cross the wire, so
+//!   the coordinator can merge them exactly (PRODUCT.md, measurement rule 1);
+//! - `PROTOCOL_VERSION`: checked on every call; a mismatch is refused with a clear message.
+
+pub mod histogram;
+
+pub mod v1 {
+    tonic::include_proto!("lockstep.v1");
+}
+
+/// Bumped on every incompatible change of `lockstep.proto`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The refusal both sides print on version skew.
+pub fn version_mismatch(ours: u32, theirs: u32, who: &str) -> String {
+    format!(
+        "protocol version mismatch: this {who} speaks lockstep protocol v{ours}, the peer speaks v{theirs}; run the same lockstep release on coordinator and agents"
+    )
+}
