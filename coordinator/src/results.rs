@@ -1,0 +1,214 @@
+//! One results structure for a cluster run (`results.json`); every exporter renders it.
+//!
+//! Latency figures here all come from merged histograms (per volume, per node, for the cluster);
+//! none is an average of percentiles. `lat` is the latency from the actual issue (fio's `lat`);
+//! `lat_intended`, present for open-loop (rate) workloads, is measured from the intended issue
+//! time and so includes time an IO waited behind a slow one (no coordinated omission). Both are
+//! kept so the difference is visible.
+
+use std::collections::BTreeMap;
+
+use lockstep_proto::histogram::SparseHistogram;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::ClockEstimate;
+use crate::timeline::{FaultWindow, Timeline, VolumeModel};
+
+/// Percentiles every summary carries (fio's default list).
+pub const PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
+/// fio's percentile key format ("99.900000").
+pub fn percentile_key(p: f64) -> String {
+    format!("{p:.6}")
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatSummary {
+    pub n: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: f64,
+    pub stdev_ns: f64,
+    /// Keyed like fio ("99.000000"), values in ns.
+    pub percentiles: BTreeMap<String, u64>,
+}
+
+impl LatSummary {
+    pub fn of(h: &SparseHistogram) -> Self {
+        LatSummary {
+            n: h.len(),
+            min_ns: h.min(),
+            max_ns: h.max(),
+            mean_ns: h.mean(),
+            stdev_ns: h.stdev(),
+            percentiles: PERCENTILES
+                .iter()
+                .map(|&p| (percentile_key(p), if h.is_empty() { 0 } else { h.value_at_percentile(p) }))
+                .collect(),
+        }
+    }
+    pub fn p(&self, p: f64) -> u64 {
+        self.percentiles.get(&percentile_key(p)).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirSummary {
+    pub ios: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub iops: f64,
+    pub bytes_per_sec: f64,
+    pub lat: LatSummary,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lat_intended: Option<LatSummary>,
+}
+
+/// Read, write and both together (the `total` latency is the merge of both directions).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub read: DirSummary,
+    pub write: DirSummary,
+    pub total: DirSummary,
+}
+
+impl Summary {
+    pub fn dir(&self, name: &str) -> &DirSummary {
+        match name {
+            "read" => &self.read,
+            "write" => &self.write,
+            _ => &self.total,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum AgentState {
+    /// Finished the run and sent its final result.
+    Finished,
+    /// Stopped answering or died mid-run: results after `at_ms` are missing.
+    Lost { at_ms: u64, reason: String },
+    /// Never started (refused, unreachable at prepare time).
+    Failed { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentResult {
+    pub name: String,
+    pub address: String,
+    pub hostname: String,
+    pub version: String,
+    pub clock: ClockEstimate,
+    /// Actual start minus the planned start instant, in the coordinator's clock (ns).
+    #[serde(default)]
+    pub start_lateness_ns: Option<i64>,
+    pub state: AgentState,
+    /// Errors the agent reported (job errors, aborted, coordinator lost).
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeResult {
+    pub node: String,
+    pub volume: String,
+    pub role: String,
+    #[serde(default)]
+    pub model: Option<VolumeModel>,
+    pub summary: Summary,
+    /// Mean of the per-interval time-averaged IOs in flight.
+    pub outstanding_mean: f64,
+    pub configured_depth: u32,
+    #[serde(default)]
+    pub lost_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeResult {
+    pub node: String,
+    pub summary: Summary,
+}
+
+/// The cluster as a whole at one interval (from the merged interval histogram of all volumes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterPoint {
+    pub t_ms: u64,
+    pub iops: f64,
+    pub bytes_per_sec: f64,
+    pub errors: u64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub lat_p999_us: f64,
+    /// Volumes that reported this interval.
+    pub volumes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjectiveResult {
+    /// The objective as written ("p99 read < 5ms on every volume").
+    pub objective: String,
+    pub passed: bool,
+    /// Where it failed, with the measured figure ("agent-3/data: p99 read 48.1 ms").
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Completed,
+    /// Stopped early (Ctrl-C, abort); results cover what ran.
+    Aborted,
+    /// Finished, but some agents were lost or failed.
+    Partial,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseResult {
+    pub name: String,
+    pub measured: bool,
+    /// Planned start, unix ms (coordinator clock).
+    pub start_unix_ms: i64,
+    pub duration_ms: u64,
+    /// Spread of the agents' actual starts (coordinator clock).
+    pub start_skew_ns: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResults {
+    pub lockstep_version: String,
+    pub run_id: String,
+    pub plan: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub status_reason: String,
+    pub start_unix_ms: i64,
+    pub duration_ms: u64,
+    pub interval_ms: u64,
+    pub phases: Vec<PhaseResult>,
+    pub agents: Vec<AgentResult>,
+    /// Start skew of the measured phase (the figure the run measured, not assumed).
+    pub start_skew_ns: Option<i64>,
+    pub cluster: Summary,
+    pub nodes: Vec<NodeResult>,
+    pub volumes: Vec<VolumeResult>,
+    pub cluster_timeline: Vec<ClusterPoint>,
+    pub timeline: Timeline,
+    pub objectives: Vec<ObjectiveResult>,
+    #[serde(default)]
+    pub chokepoint: Option<serde_json::Value>,
+    #[serde(default)]
+    pub faults: Vec<FaultWindow>,
+    /// Things the reader must know to trust the figures (Little's law, lost agents, ...).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+impl RunResults {
+    pub fn objectives_failed(&self) -> bool {
+        self.objectives.iter().any(|o| !o.passed)
+    }
+}
