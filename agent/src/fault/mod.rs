@@ -45,3 +45,24 @@ pub trait IoFault: Send {
     /// If completions are stalled at `now_ns`, the instant (ns since origin) the stall ends.
     fn stalled_until(&self, now_ns: u64) -> Option<u64>;
 }
+
+/// Token buckets and the `iops_cap` / `bw_cap` gates.
+pub mod bucket;
+/// From a schedule to the runner's two hooks: `build_gate`, `build_fault`, `SharedGate`.
+pub mod build;
+/// EBS volume models (gp2, gp3, io1, io2, st1, sc1): gate, ceilings, credit forecast.
+pub mod ebs;
+/// Latency, EIO, stall and drop-writes faults, and `FaultSet` applying them in their windows.
+pub mod faults;
+/// `FaultSpec`, the serialized schedule entry, and its validation.
+pub mod spec;
+
+pub use bucket::{CapGate, CapUnit, TokenBucket};
+pub use build::{GateSet, SharedGate, build_fault, build_gate};
+pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
+pub use faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault};
+pub use spec::{
+    BwCapSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, FaultError, FaultKind, FaultSpec,
+    IopsCapSpec, LatencyDistribution, LatencySpec, SpecError, StallSpec, VolumeType, Window,
+    active_faults, validate_all,
+};

@@ -1,0 +1,337 @@
+//! From a schedule of `FaultSpec`s to the two hooks the runner calls: every gate in one
+//! `GateSet` (an IO must pass all active gates), every other fault in one `FaultSet`.
+
+use std::sync::{Arc, Mutex};
+
+use super::bucket::CapGate;
+use super::ebs::EbsModel;
+use super::faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault, fault_rng};
+use super::spec::{FaultKind, FaultSpec, Window};
+use super::{Admission, IoFault, IoGate};
+use crate::job::Direction;
+
+/// Gates, each consulted only inside its window.
+///
+/// A gate starts its buckets at its window's start (an `ebs` fault at 60 s is a fresh volume
+/// then), lets IOs through untouched outside its window, and never holds an IO past its window's
+/// end. Admission is the latest instant any active gate asks for, re-checked at that instant in
+/// case another gate's window has opened by then.
+#[derive(Default)]
+pub struct GateSet {
+    gates: Vec<(Window, Box<dyn IoGate>)>,
+}
+
+impl GateSet {
+    pub fn new() -> Self {
+        GateSet::default()
+    }
+
+    pub fn push(&mut self, window: Window, gate: Box<dyn IoGate>) {
+        self.gates.push((window, gate));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gates.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.gates.len()
+    }
+}
+
+/// Rounds of "ask every gate at the proposed instant"; windows are few, so more than a couple
+/// of rounds never happens in practice, and a short bound keeps `admit` O(gates).
+const ADMIT_ROUNDS: usize = 4;
+
+impl IoGate for GateSet {
+    fn admit(&mut self, now_ns: u64, dir: Direction, len: u64) -> Admission {
+        let mut t = now_ns;
+        for _ in 0..ADMIT_ROUNDS {
+            let mut next = t;
+            for (window, gate) in &mut self.gates {
+                if !window.contains(t) {
+                    continue;
+                }
+                if let Admission::At(at) = gate.admit(t, dir, len) {
+                    next = next.max(at.min(window.end_ns));
+                }
+            }
+            if next == t {
+                break;
+            }
+            t = next;
+        }
+        if t <= now_ns {
+            Admission::Now
+        } else {
+            Admission::At(t)
+        }
+    }
+
+    fn charge(&mut self, now_ns: u64, dir: Direction, len: u64) {
+        for (window, gate) in &mut self.gates {
+            if window.contains(now_ns) {
+                gate.charge(now_ns, dir, len);
+            }
+        }
+    }
+}
+
+/// One gate shared by several clones (all jobs on one emulated volume must drain one bucket,
+/// not one each). Clones of a job start together, so their clocks (ns since each clone's start)
+/// agree to within the start skew; buckets ignore instants before their last charge, and two
+/// clones admitted at the same instant are settled by the bucket's debt.
+#[derive(Clone)]
+pub struct SharedGate(Arc<Mutex<Box<dyn IoGate>>>);
+
+impl SharedGate {
+    pub fn new(gate: Box<dyn IoGate>) -> Self {
+        SharedGate(Arc::new(Mutex::new(gate)))
+    }
+}
+
+impl IoGate for SharedGate {
+    fn admit(&mut self, now_ns: u64, dir: Direction, len: u64) -> Admission {
+        // A panic in another clone must not stop this one: the bucket state stays usable.
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(now_ns, dir, len)
+    }
+
+    fn charge(&mut self, now_ns: u64, dir: Direction, len: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .charge(now_ns, dir, len)
+    }
+}
+
+/// The gate of a schedule (`iops_cap`, `bw_cap`, `ebs` entries), `None` if it has none.
+/// Gates are deterministic, so `seed` is unused; it is taken for symmetry with `build_fault`.
+/// Specs should have passed `validate_all`; out-of-range values are made harmless, not trusted.
+pub fn build_gate(specs: &[FaultSpec], _seed: u64) -> Option<Box<dyn IoGate>> {
+    let mut set = GateSet::new();
+    for spec in specs {
+        let window = spec.window();
+        let gate: Box<dyn IoGate> = match &spec.kind {
+            FaultKind::IopsCap(c) => Box::new(CapGate::iops(c, window.start_ns)),
+            FaultKind::BwCap(c) => Box::new(CapGate::bandwidth(c, window.start_ns)),
+            FaultKind::Ebs(e) => Box::new(EbsModel::from_spec(e).gate(window.start_ns)),
+            _ => continue,
+        };
+        set.push(window, gate);
+    }
+    (!set.is_empty()).then(|| Box::new(set) as Box<dyn IoGate>)
+}
+
+/// The fault of a schedule (`latency`, `eio`, `stall`, `drop_writes` entries), `None` if it has
+/// none. Each fault draws from its own stream derived from `seed` and its position in `specs`,
+/// so the same seed repeats a run IO for IO; give each clone its own seed (e.g. mixed with the
+/// clone number) or clones fail the same IOs.
+pub fn build_fault(specs: &[FaultSpec], seed: u64) -> Option<Box<dyn IoFault>> {
+    let mut set = FaultSet::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let window = spec.window();
+        let fault: Box<dyn IoFault> = match &spec.kind {
+            FaultKind::Latency(l) => Box::new(LatencyFault::new(l, fault_rng(seed, i))),
+            FaultKind::Eio(e) => Box::new(EioFault::new(e, fault_rng(seed, i))),
+            FaultKind::DropWrites(d) => Box::new(DropWritesFault::new(d, fault_rng(seed, i))),
+            FaultKind::Stall(_) => Box::new(StallFault::new(window)),
+            _ => continue,
+        };
+        set.push(window, fault);
+    }
+    (!set.is_empty()).then(|| Box::new(set) as Box<dyn IoFault>)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bucket::drive;
+    use super::super::spec::*;
+    use super::*;
+    use crate::fault::Outcome;
+
+    const S: u64 = 1_000_000_000;
+
+    fn iops_cap(total: u64) -> FaultKind {
+        FaultKind::IopsCap(IopsCapSpec {
+            read: None,
+            write: None,
+            total: Some(total),
+        })
+    }
+
+    #[test]
+    fn nothing_applies_gives_none() {
+        assert!(build_gate(&[], 1).is_none());
+        assert!(build_fault(&[], 1).is_none());
+        let only_gates = [FaultSpec::new(iops_cap(10))];
+        assert!(build_fault(&only_gates, 1).is_none());
+        let only_faults = [FaultSpec::new(FaultKind::Stall(StallSpec {}))];
+        assert!(build_gate(&only_faults, 1).is_none());
+    }
+
+    #[test]
+    fn gate_applies_only_inside_its_window() {
+        let specs = [FaultSpec::new(iops_cap(100)).window_ms(1_000, Some(1_000))];
+        let mut gate = build_gate(&specs, 0).unwrap();
+        // 1,000 IOs/s offered for 3 s: free, capped at 100/s, free again.
+        let times = drive(
+            gate.as_mut(),
+            (0..3_000).map(|i| (i * S / 1_000, Direction::Read, 4096)),
+        );
+        let count = |a: u64, b: u64| times.iter().filter(|&&t| t >= a && t < b).count();
+        assert_eq!(count(0, S), 1_000);
+        let capped = count(S, 2 * S);
+        assert!((100..=102).contains(&capped), "{capped}");
+        // Held IOs are released at the window's end, never later.
+        assert!(
+            count(2 * S, 2 * S + 1) > 100,
+            "the backlog goes at the window's end"
+        );
+    }
+
+    #[test]
+    fn gates_compose_an_io_passes_every_one() {
+        let specs = [
+            FaultSpec::new(iops_cap(1_000)),
+            FaultSpec::new(FaultKind::BwCap(BwCapSpec {
+                write_bytes_per_s: Some(100 * 4096),
+                ..Default::default()
+            })),
+        ];
+        let mut gate = build_gate(&specs, 0).unwrap();
+        let times = drive(
+            gate.as_mut(),
+            (0..3_000).map(|_| (0, Direction::Write, 4096)),
+        );
+        let n = times.iter().filter(|&&t| (S..2 * S).contains(&t)).count();
+        assert!((99..=101).contains(&n), "the tighter gate rules: {n}");
+        let mut gate = build_gate(&specs, 0).unwrap();
+        let times = drive(
+            gate.as_mut(),
+            (0..3_000).map(|_| (0, Direction::Read, 4096)),
+        );
+        let n = times.iter().filter(|&&t| (S..2 * S).contains(&t)).count();
+        assert!(
+            (999..=1_001).contains(&n),
+            "reads see only the IOPS cap: {n}"
+        );
+    }
+
+    #[test]
+    fn a_later_gate_window_is_honoured_when_admission_moves_into_it() {
+        // The first gate holds a 4 KiB IO until 1 s; at 1 s the second gate (10 IOPS, empty
+        // after a burst) has opened and must be asked too.
+        let mut set = GateSet::new();
+        let mut slow = CapGate::iops(
+            &IopsCapSpec {
+                total: Some(1),
+                ..Default::default()
+            },
+            0,
+        );
+        slow.charge(0, Direction::Read, 1);
+        set.push(Window::ALWAYS, Box::new(slow));
+        let mut second = CapGate::iops(
+            &IopsCapSpec {
+                total: Some(1),
+                ..Default::default()
+            },
+            S / 2,
+        );
+        second.charge(S / 2, Direction::Read, 1);
+        set.push(
+            Window {
+                start_ns: S / 2,
+                end_ns: u64::MAX,
+            },
+            Box::new(second),
+        );
+        // `slow` alone says 1 s; at 1 s `second` has refilled half a token, so 1.5 s.
+        assert_eq!(set.admit(0, Direction::Read, 1), Admission::At(S + S / 2));
+        // Before its window opens, only `slow` matters.
+        set.charge(S + S / 2, Direction::Read, 1);
+    }
+
+    #[test]
+    fn shared_gate_is_one_bucket_for_all_clones() {
+        let specs = [FaultSpec::new(iops_cap(100))];
+        let shared = SharedGate::new(build_gate(&specs, 0).unwrap());
+        let (mut a, mut b) = (shared.clone(), shared);
+        let mut issued = 0;
+        let mut t = 0;
+        while t < 2 * S {
+            for g in [&mut a, &mut b] {
+                if g.admit(t, Direction::Read, 4096) == Admission::Now {
+                    g.charge(t, Direction::Read, 4096);
+                    issued += 1;
+                }
+            }
+            t += S / 1_000;
+        }
+        assert!((200..=202).contains(&issued), "{issued}");
+    }
+
+    #[test]
+    fn build_fault_is_repeatable_per_seed() {
+        let specs = [
+            FaultSpec::new(FaultKind::Eio(EioSpec {
+                fraction: 0.3,
+                direction: Directions::Both,
+            })),
+            FaultSpec::new(FaultKind::Latency(LatencySpec {
+                add_us: None,
+                distribution: Some(LatencyDistribution::Exponential { mean_us: 100 }),
+                fraction: 0.5,
+                direction: Directions::Both,
+            })),
+        ];
+        let run = |seed| {
+            let mut f = build_fault(&specs, seed).unwrap();
+            (0..1_000)
+                .map(|i| f.on_issue(i, Direction::Read, 4096))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+        assert!(run(42).iter().any(|o| matches!(o, Outcome::DelayBy(_))));
+    }
+
+    #[test]
+    fn stall_from_a_schedule() {
+        let specs = [FaultSpec::new(FaultKind::Stall(StallSpec {})).window_ms(2_000, Some(500))];
+        let f = build_fault(&specs, 0).unwrap();
+        assert_eq!(f.stalled_until(1_999_999_999), None);
+        assert_eq!(f.stalled_until(2 * S), Some(2 * S + S / 2));
+        assert_eq!(f.stalled_until(2 * S + S / 2), None);
+    }
+
+    #[test]
+    fn ebs_in_a_schedule_runs_the_model_from_its_window() {
+        let specs = [FaultSpec::new(FaultKind::Ebs(EbsSpec {
+            volume_type: VolumeType::Gp2,
+            size_gib: 60,
+            provisioned_iops: None,
+            provisioned_mib_s: None,
+            time_scale: 60.0,
+            initial_credit_fraction: Some(0.0),
+        }))
+        .window_ms(10_000, None)];
+        validate_all(&specs).unwrap();
+        let mut gate = build_gate(&specs, 0).unwrap();
+        let times = drive(
+            gate.as_mut(),
+            (0..30_000).map(|i| (i * S / 1_000, Direction::Read, 4096)),
+        );
+        let count = |a: u64, b: u64| times.iter().filter(|&&t| t >= a && t < b).count();
+        assert_eq!(
+            count(0, S),
+            1_000,
+            "before its window the volume is not there"
+        );
+        let n = count(15 * S, 16 * S);
+        assert!((179..=181).contains(&n), "an empty bucket: baseline {n}");
+    }
+}
