@@ -14,8 +14,10 @@
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
-//! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...).
+//! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...);
+//! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives.
 
+pub mod daemon;
 pub mod engine;
 pub mod fault;
 pub mod job;

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use lockstep_agent::daemon::{self, DaemonConfig, VolumeConfig};
 use lockstep_agent::standalone::{self, OutputFormat, StandaloneArgs};
 
 /// lockstep's agent: runs fio-equivalent workloads on this machine's volumes.
@@ -32,6 +33,36 @@ enum Command {
         #[arg(long)]
         keep_files: bool,
     },
+    /// Serve a coordinator: run its work on the volumes given here, and nowhere else.
+    Serve {
+        /// Address to listen on for the coordinator (port 0 picks one; it is printed).
+        #[arg(long, default_value = "0.0.0.0:7070")]
+        listen: String,
+        /// A volume this agent may test: NAME=PATH[,size=60g,kind=gp2,iops=3000,mibs=125].
+        #[arg(long = "volume", value_name = "NAME=PATH[,...]", required = true)]
+        volumes: Vec<VolumeConfig>,
+        /// Name in the cluster (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+        /// A label for plans to select this agent by, e.g. --label role=worker.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_override)]
+        labels: Vec<(String, String)>,
+        /// Shared token every coordinator call must carry (or LOCKSTEP_TOKEN).
+        #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Stop IO when no coordinator has listened for this long during a run.
+        #[arg(long, default_value = "10s")]
+        grace: String,
+        /// Serve Prometheus metrics on this address (GET /metrics).
+        #[arg(long)]
+        metrics_listen: Option<String>,
+        /// Allow raw block devices as volumes (refused anyway if mounted or carrying a signature).
+        #[arg(long)]
+        allow_block_devices: bool,
+        /// Allow exec-style fault actions (commands run on this host). Off by default.
+        #[arg(long)]
+        allow_exec: bool,
+    },
 }
 
 fn parse_override(s: &str) -> Result<(String, String), String> {
@@ -52,6 +83,41 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve {
+            listen,
+            volumes,
+            name,
+            labels,
+            token,
+            grace,
+            metrics_listen,
+            allow_block_devices,
+            allow_exec,
+        } => {
+            let grace = match lockstep_agent::units::parse_time(&grace, lockstep_agent::units::TimeUnit::Seconds) {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("lockstep-agent: error: --grace {grace}: {e}");
+                    return std::process::ExitCode::from(2);
+                }
+            };
+            let cfg = DaemonConfig {
+                name: name.unwrap_or_else(daemon::hostname),
+                labels: labels.into_iter().collect(),
+                volumes,
+                token: token.filter(|t| !t.is_empty()),
+                grace,
+                allow_block_devices,
+                allow_exec,
+            };
+            match daemon::serve_blocking(cfg, &listen, metrics_listen.as_deref()) {
+                Ok(()) => return std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("lockstep-agent: error: {e:#}");
+                    return std::process::ExitCode::from(2);
+                }
+            }
+        }
         Command::Run { jobfile, output_format, output, overrides, allow_block_devices, keep_files } => {
             standalone::run(&StandaloneArgs {
                 jobfile,

@@ -27,6 +27,8 @@ use crate::workload::{Generator, WorkloadParams};
 /// A finished interval of one job clone, with its own (not cumulative) histograms. The agent
 /// daemon ships these to the coordinator; a standalone run ignores them.
 pub struct IntervalSnapshot<'a> {
+    /// Which interval of the clone's timed part this is (0-based).
+    pub index: usize,
     pub job_index: usize,
     pub job_name: &'a str,
     pub clone: u32,
@@ -36,6 +38,10 @@ pub struct IntervalSnapshot<'a> {
 
 pub trait IntervalSink: Send + Sync {
     fn on_interval(&self, snapshot: IntervalSnapshot<'_>);
+    /// IO of a stonewall group began (every clone of the group passed the start barrier).
+    fn on_group_started(&self, _groupid: u32, _at: SystemTime) {}
+    /// A clone finished; it reports no more intervals.
+    fn on_clone_done(&self, _job_index: usize, _clone: u32) {}
 }
 
 /// Faults for one job clone's IO path (built by the caller from a plan's fault schedule).
@@ -69,6 +75,9 @@ pub struct RunOptions {
     pub faults: Option<Arc<FaultFactory>>,
     /// Draws layout progress (a hidden bar when not on a terminal).
     pub layout_progress: Box<dyn LayoutProgress + Send + Sync>,
+    /// Begin IO at this instant of the system clock (the coordinator's synchronized start,
+    /// already converted to this host's clock); every clone is set up and waiting before it.
+    pub start_at: Option<SystemTime>,
 }
 
 impl Default for RunOptions {
@@ -82,6 +91,7 @@ impl Default for RunOptions {
             live: Arc::new(LiveCounters::default()),
             faults: None,
             layout_progress: Box::new(layout::NoProgress),
+            start_at: None,
         }
     }
 }
@@ -94,16 +104,28 @@ pub enum RunError {
     Setup { job: String, message: String },
 }
 
-/// Runs every job of a job file and returns what they measured. Set-up problems (bad targets,
-/// layout failures) are errors before any timed IO; IO errors during the run end the job that
-/// hit them (as fio's default `continue_on_error=none`) and are reported in its `JobReport`.
+/// Runs every job of a job file and returns what they measured: `prepare` then `execute`.
+/// Set-up problems (bad targets, layout failures) are errors before any timed IO; IO errors
+/// during the run end the job that hit them (as fio's default `continue_on_error=none`) and are
+/// reported in its `JobReport`.
 pub fn run_jobs(jobs: &[JobSpec], opts: &RunOptions) -> Result<RunReport, RunError> {
-    let started = SystemTime::now();
-    let t_start = Instant::now();
+    Ok(prepare(jobs, opts)?.execute(opts))
+}
+
+/// Jobs whose targets are checked and laid out, ready to start at an instant: the agent daemon
+/// prepares before the coordinator's synchronized start so that no layout delays it.
+pub struct PreparedRun {
+    jobs: Vec<JobSpec>,
+    plans: Vec<Vec<Vec<PlannedFile>>>,
+    created: CreatedFiles,
+}
+
+/// Validates every job, plans every file (any bad target is refused before anything is
+/// written) and lays files out: files that are read or verified are filled with data first.
+pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunError> {
     for job in jobs {
         validate(job)?;
     }
-    // Plan every file first: any bad target is refused before anything is written.
     let mut plans: Vec<Vec<Vec<PlannedFile>>> = Vec::new();
     for job in jobs {
         let mut per_clone = Vec::new();
@@ -118,51 +140,67 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOptions) -> Result<RunReport, RunErr
     }
     let mut created = CreatedFiles::default();
     let needs_data = |j: &JobSpec| j.pattern.reads() || j.verify.is_some();
-    let all: Vec<PlannedFile> = jobs
-        .iter()
-        .zip(&plans)
-        .filter(|(j, _)| needs_data(j))
-        .flat_map(|(_, p)| p.iter().flatten().cloned())
-        .collect();
-    layout::lay_out(&all, true, opts.allow_block_devices, &mut created, &*opts.layout_progress)?;
-    let write_only: Vec<PlannedFile> = jobs
-        .iter()
-        .zip(&plans)
-        .filter(|(j, _)| !needs_data(j))
-        .flat_map(|(_, p)| p.iter().flatten().cloned())
-        .collect();
-    if let Err(e) = layout::lay_out(
-        &write_only,
-        false,
-        opts.allow_block_devices,
-        &mut created,
-        &*opts.layout_progress,
-    ) {
-        created.remove_all();
-        return Err(e.into());
+    let files_of = |want_data: bool| -> Vec<PlannedFile> {
+        jobs.iter()
+            .zip(&plans)
+            .filter(|(j, _)| needs_data(j) == want_data)
+            .flat_map(|(_, p)| p.iter().flatten().cloned())
+            .collect()
+    };
+    let steps = [(files_of(true), true), (files_of(false), false)];
+    for (files, fill) in &steps {
+        if let Err(e) = layout::lay_out(
+            files,
+            *fill,
+            opts.allow_block_devices,
+            &mut created,
+            &*opts.layout_progress,
+        ) {
+            created.remove_all();
+            return Err(e.into());
+        }
+    }
+    Ok(PreparedRun { jobs: jobs.to_vec(), plans, created })
+}
+
+impl PreparedRun {
+    pub fn jobs(&self) -> &[JobSpec] {
+        &self.jobs
     }
 
-    let mut reports = Vec::new();
-    let mut groupid = 0u32;
-    let mut i = 0;
-    while i < jobs.len() {
-        let mut end = i + 1;
-        while end < jobs.len() && !jobs[end].stonewall {
-            end += 1;
+    /// Runs the jobs now, group after group (split at `stonewall`), then removes the files it
+    /// created unless asked to keep them.
+    pub fn execute(mut self, opts: &RunOptions) -> RunReport {
+        let started = SystemTime::now();
+        let t_start = Instant::now();
+        let jobs = &self.jobs;
+        let mut reports = Vec::new();
+        let mut groupid = 0u32;
+        let mut i = 0;
+        while i < jobs.len() {
+            let mut end = i + 1;
+            while end < jobs.len() && !jobs[end].stonewall {
+                end += 1;
+            }
+            if opts.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            reports.extend(run_group(jobs, &self.plans, i..end, groupid, opts));
+            groupid += 1;
+            i = end;
         }
-        if opts.stop.load(Ordering::Relaxed) {
-            break;
-        }
-        reports.extend(run_group(jobs, &plans, i..end, groupid, opts));
-        groupid += 1;
-        i = end;
+        self.discard(opts.keep_files);
+        RunReport { jobs: reports, started, elapsed: t_start.elapsed() }
     }
-    if !opts.keep_files {
-        for problem in created.remove_all() {
-            tracing::warn!("{problem}");
+
+    /// Removes what `prepare` created (unless `keep`), for a run that will not start.
+    pub fn discard(&mut self, keep: bool) {
+        if !keep {
+            for problem in self.created.remove_all() {
+                tracing::warn!("{problem}");
+            }
         }
     }
-    Ok(RunReport { jobs: reports, started, elapsed: t_start.elapsed() })
 }
 
 fn validate(job: &JobSpec) -> Result<(), RunError> {
@@ -380,6 +418,9 @@ fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
     if let Err(message) = result {
         report.error = Some(message);
     }
+    if let Some(sink) = &ctx.opts.sink {
+        sink.on_clone_done(ctx.job_index, ctx.clone);
+    }
     report
 }
 
@@ -429,15 +470,27 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             .map(|r| RateScheduler::new(r, job.rate.process, ctx.seed ^ 0xA5A5))
             .transpose()
             .map_err(|e| e.to_string())?;
-        Ok((files, generator, engine, rate))
+        // Buffers are allocated and filled before the barrier so that a synchronized start
+        // is not delayed by touching (possibly hundreds of MiB of) memory.
+        let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
+        Ok((files, generator, engine, rate, buffers))
     })();
-    ctx.barrier.wait();
-    let (files, mut generator, mut engine, mut rate) = setup?;
+    let leader = ctx.barrier.wait().is_leader();
+    if ctx.groupid == 0 {
+        if let Some(at) = ctx.opts.start_at {
+            wait_until_realtime(at, &ctx.opts.stop);
+        }
+    }
+    if leader {
+        if let Some(sink) = &ctx.opts.sink {
+            sink.on_group_started(ctx.groupid, SystemTime::now());
+        }
+    }
+    let (files, mut generator, mut engine, mut rate, mut buffers) = setup?;
     if !job.startdelay.is_zero() {
         sleep_unless_stopped(job.startdelay, &ctx.opts.stop);
     }
     let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
-    let mut buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
     let mut gate = ctx.faults.gate.take();
     let mut fault = ctx.faults.fault.take();
     let mut verify_map: HashMap<(u32, u64), (u32, u32)> = HashMap::new();
@@ -477,8 +530,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
 
     loop {
         let mut now = Instant::now();
-        area += inflight as f64 * (now - last_now).as_nanos() as f64;
-        last_now = now;
+        area += inflight as f64 * now.saturating_duration_since(last_now).as_nanos() as f64;
+        last_now = last_now.max(now);
         if !measuring && now >= ramp_end {
             measuring = true;
             timed_start = now;
@@ -592,6 +645,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 completions.push(Completion { tag: slot_idx, result });
             }
             queued_now.push(slot_idx);
+            // The queue-depth integral is advanced at every change of the depth, so the
+            // interval's mean outstanding IOs is exact (Little's law checks depend on it).
+            area += inflight as f64 * now.saturating_duration_since(last_now).as_nanos() as f64;
+            last_now = last_now.max(now);
             inflight += 1;
             if measuring {
                 stats.depth_hist[depth_bucket(inflight as u32)] += 1;
@@ -693,6 +750,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 }
             }
             free.push(c.tag);
+            area += inflight as f64 * t_done.saturating_duration_since(last_now).as_nanos() as f64;
+            last_now = last_now.max(t_done);
             inflight -= 1;
             let d = &mut iv[slot.dir as usize];
             d.ios += 1;
@@ -733,7 +792,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
 
     let end = Instant::now();
     if measuring {
-        area += inflight as f64 * (end - last_now).as_nanos() as f64;
+        area += inflight as f64 * end.saturating_duration_since(last_now).as_nanos() as f64;
         close_interval(ctx, stats, &mut iv, &mut area, last_tick, end, timed_start);
         stats.runtime = end - timed_start;
     }
@@ -818,6 +877,7 @@ fn close_interval(
     }
     if let Some(sink) = &ctx.opts.sink {
         sink.on_interval(IntervalSnapshot {
+            index: stats.intervals.len(),
             job_index: ctx.job_index,
             job_name: &ctx.job.name,
             clone: ctx.clone,
@@ -895,6 +955,45 @@ fn verify_all(
         ))
     } else {
         None
+    }
+}
+
+/// Waits for an instant of the system clock (not the monotonic one: the coordinator's start
+/// instant is expressed in wall-clock time). Sleeps in 50 ms steps (to notice a stop), then an
+/// absolute `clock_nanosleep` on CLOCK_REALTIME with 1 ns timer slack to 300 µs before the
+/// instant, and spins the rest: a wake-up from sleep can be late by a scheduler tick on a busy
+/// host, a short spin is not, and 300 µs of spinning per clone is cheap even with more clones
+/// than cores.
+pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) {
+    const SPIN: Duration = Duration::from_micros(300);
+    // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0);
+    }
+    loop {
+        let left = match at.duration_since(SystemTime::now()) {
+            Ok(d) if !d.is_zero() => d,
+            _ => return,
+        };
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if left > Duration::from_millis(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        } else if left > SPIN {
+            let wake = at - SPIN;
+            let since = wake.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let ts = libc::timespec {
+                tv_sec: since.as_secs() as libc::time_t,
+                tv_nsec: since.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
+            unsafe {
+                libc::clock_nanosleep(libc::CLOCK_REALTIME, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut());
+            }
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 

@@ -1,0 +1,648 @@
+//! The agent daemon (`lockstep-agent serve`): runs the coordinator's work on this node.
+//!
+//! - `volume`: the volumes this agent may test, and confining jobs to them;
+//! - `aggregate`: one interval report per volume from the runner's per-clone intervals;
+//! - `metrics`: Prometheus metrics (`/metrics`);
+//! - this module: the gRPC service and the life of a run (prepare → start at an instant →
+//!   stream intervals → final result), with the safety rule that an agent whose coordinator is
+//!   gone for longer than the grace period stops its own IO: no runaway load on a production host.
+
+pub mod aggregate;
+pub mod metrics;
+pub mod volume;
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lockstep_proto::v1::agent_server::{Agent, AgentServer};
+use lockstep_proto::v1::{
+    AbortReply, AbortRequest, AttachRequest, Capabilities, ClockProbeReply, ClockProbeRequest,
+    DirTotals, FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest, RunEvent,
+    StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
+};
+use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::fault::FaultSpec;
+use crate::jobfile;
+use crate::job::JobSpec;
+use crate::report::fio_json;
+use crate::runner::{self, CloneFaults, PreparedRun, RunOptions};
+use crate::stats::DirStats;
+use aggregate::{VolumeAggregator, VolumeEvents, unix_ns};
+use metrics::Metrics;
+pub use volume::VolumeConfig;
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Unique name in the cluster (default: the hostname).
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub volumes: Vec<VolumeConfig>,
+    /// Shared token every call must carry (`authorization: Bearer <token>`); None: no check.
+    pub token: Option<String>,
+    /// How long a run may go on with nobody listening before the agent stops its IO.
+    pub grace: Duration,
+    pub allow_block_devices: bool,
+    pub allow_exec: bool,
+}
+
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Events of one run, delivered to whoever is attached and kept while nobody is, so a
+/// coordinator that re-attaches (or a standby that takes over) misses nothing.
+pub struct EventHub {
+    inner: Mutex<HubInner>,
+    metrics: Arc<Metrics>,
+}
+
+struct HubInner {
+    tx: Option<mpsc::Sender<Result<RunEvent, Status>>>,
+    backlog: Vec<RunEvent>,
+    /// Since when nobody has been listening (None while attached).
+    detached_since: Option<Instant>,
+    finished: bool,
+}
+
+/// Events kept while detached: an hour of 1 s intervals of a few volumes.
+const BACKLOG_LIMIT: usize = 20_000;
+
+impl EventHub {
+    fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(EventHub {
+            inner: Mutex::new(HubInner {
+                tx: None,
+                backlog: Vec::new(),
+                detached_since: Some(Instant::now()),
+                finished: false,
+            }),
+            metrics,
+        })
+    }
+
+    /// A new listener: replays the backlog, then gets live events.
+    fn attach(&self) -> ReceiverStream<Result<RunEvent, Status>> {
+        let mut inner = self.inner.lock().unwrap();
+        let (tx, rx) = mpsc::channel(BACKLOG_LIMIT + 16);
+        for ev in inner.backlog.drain(..) {
+            let _ = tx.try_send(Ok(ev));
+        }
+        if inner.finished {
+            // Everything was replayed: closing the channel ends the stream.
+            inner.tx = None;
+        } else {
+            inner.tx = Some(tx);
+            inner.detached_since = None;
+        }
+        ReceiverStream::new(rx)
+    }
+
+    fn publish(&self, ev: RunEvent) {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(tx) = &inner.tx {
+            match tx.try_send(Ok(ev)) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!("coordinator is not reading interval reports; dropping one");
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(Ok(ev))) => {
+                    inner.tx = None;
+                    inner.detached_since = Some(Instant::now());
+                    tracing::warn!("coordinator stream closed; keeping events for a re-attach");
+                    inner.backlog.push(ev);
+                }
+                Err(mpsc::error::TrySendError::Closed(Err(_))) => {}
+            }
+        } else if inner.backlog.len() < BACKLOG_LIMIT {
+            inner.backlog.push(ev);
+        }
+    }
+
+    /// How long nobody has been listening.
+    fn detached_for(&self) -> Option<Duration> {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.tx.as_ref().is_some_and(|tx| tx.is_closed()) {
+            inner.tx = None;
+            inner.detached_since = Some(Instant::now());
+        }
+        inner.detached_since.map(|t| t.elapsed())
+    }
+
+    /// The run ended: close the stream after the last event.
+    fn finish(&self) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.finished = true;
+        inner.tx = None;
+    }
+}
+
+impl VolumeEvents for Arc<EventHub> {
+    fn send(&self, event: RunEvent) {
+        self.publish(event);
+    }
+    fn observe(&self, volume: &str, interval: &VolumeInterval, dirs: &[DirStats; 2]) {
+        self.metrics.observe_interval(volume, interval, dirs);
+    }
+}
+
+struct PreparedVolume {
+    name: String,
+    run: PreparedRun,
+    faults: Vec<FaultSpec>,
+    configured_depth: u32,
+    open_loop: bool,
+}
+
+enum Phase {
+    Idle,
+    Prepared { run_id: String, volumes: Vec<PreparedVolume>, hub: Arc<EventHub>, keep_files: bool },
+    Running { run_id: String, stop: Arc<AtomicBool>, hub: Arc<EventHub> },
+}
+
+struct Shared {
+    cfg: DaemonConfig,
+    phase: Mutex<Phase>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Clone)]
+pub struct AgentService {
+    shared: Arc<Shared>,
+}
+
+fn check_version(v: u32) -> Result<(), Status> {
+    if v != PROTOCOL_VERSION {
+        return Err(Status::failed_precondition(version_mismatch(PROTOCOL_VERSION, v, "agent")));
+    }
+    Ok(())
+}
+
+impl AgentService {
+    pub fn new(cfg: DaemonConfig) -> Self {
+        let metrics = Arc::new(Metrics::new(&cfg.volumes));
+        AgentService { shared: Arc::new(Shared { cfg, phase: Mutex::new(Phase::Idle), metrics }) }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// The gRPC service with the token check in front of every call.
+    pub fn into_server(
+        self,
+    ) -> tonic::service::interceptor::InterceptedService<
+        AgentServer<AgentService>,
+        impl tonic::service::Interceptor + Clone,
+    > {
+        let token = self.shared.cfg.token.clone();
+        AgentServer::with_interceptor(self, move |req: Request<()>| check_token(&token, req))
+    }
+
+    fn busy_with(&self) -> String {
+        match &*self.shared.phase.lock().unwrap() {
+            Phase::Idle => String::new(),
+            Phase::Prepared { run_id, .. } | Phase::Running { run_id, .. } => run_id.clone(),
+        }
+    }
+
+    fn prepare_volumes(
+        cfg: &DaemonConfig,
+        req: &PrepareRequest,
+    ) -> Result<Vec<PreparedVolume>, String> {
+        let mut out = Vec::new();
+        for work in &req.work {
+            let vol = cfg.volumes.iter().find(|v| v.name == work.volume).ok_or_else(|| {
+                format!(
+                    "this agent has no volume '{}' (it has: {})",
+                    work.volume,
+                    cfg.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })?;
+            let origin = std::path::PathBuf::from(format!("{}/{}.fio", req.run_id, work.volume));
+            let overrides: Vec<(String, String)> =
+                work.overrides.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let mut jobs: Vec<JobSpec> = jobfile::parse_str(&work.jobfile, &origin, None, &overrides)
+                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            for job in &mut jobs {
+                vol.confine(job).map_err(|e| e.to_string())?;
+            }
+            let faults = work
+                .faults_json
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let spec: FaultSpec = serde_json::from_str(f)
+                        .map_err(|e| format!("volume '{}': fault {}: {e}", work.volume, i + 1))?;
+                    Ok(spec)
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            crate::fault::validate_all(&faults).map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            let opts = RunOptions {
+                allow_block_devices: cfg.allow_block_devices,
+                ..RunOptions::default()
+            };
+            let run = runner::prepare(&jobs, &opts).map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            let open_loop = jobs.iter().any(|j| j.rate.is_limited());
+            let configured_depth = if open_loop {
+                0
+            } else {
+                jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
+            };
+            out.push(PreparedVolume { name: work.volume.clone(), run, faults, configured_depth, open_loop });
+        }
+        Ok(out)
+    }
+}
+
+fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
+    let Some(want) = token else { return Ok(req) };
+    let got = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time comparison: the token guards a tool that writes to disks.
+    let ok = got.is_some_and(|g| {
+        g.len() == want.len() && g.bytes().zip(want.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    });
+    if ok { Ok(req) } else { Err(Status::unauthenticated("missing or wrong agent token")) }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
+        check_version(req.get_ref().protocol_version)?;
+        let cfg = &self.shared.cfg;
+        Ok(Response::new(HelloReply {
+            protocol_version: PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            name: cfg.name.clone(),
+            hostname: hostname(),
+            labels: cfg.labels.clone().into_iter().collect(),
+            volumes: cfg
+                .volumes
+                .iter()
+                .map(|v| Volume {
+                    name: v.name.clone(),
+                    path: v.path.display().to_string(),
+                    size_bytes: v.size_bytes,
+                    kind: v.kind.clone(),
+                    provisioned_iops: v.provisioned_iops,
+                    provisioned_mib_s: v.provisioned_mib_s,
+                })
+                .collect(),
+            capabilities: Some(Capabilities {
+                io_uring: crate::engine::uring_available(),
+                engines: vec!["io_uring".into(), "libaio".into(), "psync".into(), "null".into()],
+                exec_allowed: cfg.allow_exec,
+                block_devices_allowed: cfg.allow_block_devices,
+            }),
+            busy_with_run: self.busy_with(),
+        }))
+    }
+
+    async fn clock_probe(
+        &self,
+        req: Request<ClockProbeRequest>,
+    ) -> Result<Response<ClockProbeReply>, Status> {
+        check_version(req.get_ref().protocol_version)?;
+        Ok(Response::new(ClockProbeReply { agent_unix_ns: unix_ns(SystemTime::now()) }))
+    }
+
+    async fn prepare(&self, req: Request<PrepareRequest>) -> Result<Response<PrepareReply>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version)?;
+        {
+            let mut phase = self.shared.phase.lock().unwrap();
+            match &mut *phase {
+                Phase::Idle => {}
+                Phase::Prepared { run_id, volumes, .. } if run_id == &req.run_id => {
+                    // A repeated prepare of the same run: start over.
+                    for v in volumes.iter_mut() {
+                        v.run.discard(false);
+                    }
+                    *phase = Phase::Idle;
+                }
+                Phase::Prepared { run_id, .. } | Phase::Running { run_id, .. } => {
+                    return Err(Status::failed_precondition(format!(
+                        "agent '{}' is busy with run {run_id}",
+                        self.shared.cfg.name
+                    )));
+                }
+            }
+        }
+        self.shared.metrics.set_state(1);
+        let shared = self.shared.clone();
+        let hub = EventHub::new(self.shared.metrics.clone());
+        let req2 = req.clone();
+        let result =
+            tokio::task::spawn_blocking(move || AgentService::prepare_volumes(&shared.cfg, &req2))
+                .await
+                .map_err(|e| Status::internal(format!("prepare panicked: {e}")))?;
+        match result {
+            Ok(volumes) => {
+                *self.shared.phase.lock().unwrap() = Phase::Prepared {
+                    run_id: req.run_id.clone(),
+                    volumes,
+                    hub,
+                    keep_files: req.keep_files,
+                };
+                Ok(Response::new(PrepareReply { error: String::new(), warnings: Vec::new() }))
+            }
+            Err(e) => {
+                self.shared.metrics.set_state(0);
+                Ok(Response::new(PrepareReply { error: e, warnings: Vec::new() }))
+            }
+        }
+    }
+
+    type StartStream = EventStream;
+
+    async fn start(&self, req: Request<StartRequest>) -> Result<Response<EventStream>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version)?;
+        let mut phase = self.shared.phase.lock().unwrap();
+        let (volumes, hub, keep_files) = match std::mem::replace(&mut *phase, Phase::Idle) {
+            Phase::Prepared { run_id, volumes, hub, keep_files } if run_id == req.run_id => {
+                (volumes, hub, keep_files)
+            }
+            other => {
+                let msg = match &other {
+                    Phase::Idle => "nothing prepared".to_string(),
+                    Phase::Prepared { run_id, .. } => format!("prepared run is {run_id}"),
+                    Phase::Running { run_id, .. } => format!("already running {run_id}"),
+                };
+                *phase = other;
+                return Err(Status::failed_precondition(format!(
+                    "cannot start run {}: {msg}",
+                    req.run_id
+                )));
+            }
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        *phase = Phase::Running { run_id: req.run_id.clone(), stop: stop.clone(), hub: hub.clone() };
+        drop(phase);
+        let stream = hub.attach();
+        let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
+        let shared = self.shared.clone();
+        std::thread::Builder::new()
+            .name(format!("run-{}", req.run_id))
+            .spawn(move || run(shared, volumes, hub, stop, start_at, keep_files))
+            .map_err(|e| Status::internal(format!("cannot start the run thread: {e}")))?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version)?;
+        let mut phase = self.shared.phase.lock().unwrap();
+        match &mut *phase {
+            Phase::Running { run_id, stop, .. } if *run_id == req.run_id || req.run_id.is_empty() => {
+                tracing::warn!("run {run_id} aborted by the coordinator: {}", req.reason);
+                stop.store(true, Ordering::Relaxed);
+            }
+            Phase::Prepared { run_id, volumes, .. } if *run_id == req.run_id || req.run_id.is_empty() => {
+                for v in volumes.iter_mut() {
+                    v.run.discard(false);
+                }
+                *phase = Phase::Idle;
+                self.shared.metrics.set_state(0);
+            }
+            _ => {}
+        }
+        Ok(Response::new(AbortReply {}))
+    }
+
+    type AttachStream = EventStream;
+
+    async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<EventStream>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version)?;
+        let phase = self.shared.phase.lock().unwrap();
+        match &*phase {
+            Phase::Running { run_id, hub, .. } if *run_id == req.run_id => {
+                Ok(Response::new(Box::pin(hub.attach())))
+            }
+            _ => Err(Status::not_found(format!("run {} is not running on this agent", req.run_id))),
+        }
+    }
+}
+
+/// The life of a started run, on its own thread: every volume's jobs on threads of their own,
+/// a watchdog for the coordinator's presence, then the final result.
+fn run(
+    shared: Arc<Shared>,
+    volumes: Vec<PreparedVolume>,
+    hub: Arc<EventHub>,
+    stop: Arc<AtomicBool>,
+    start_at: SystemTime,
+    keep_files: bool,
+) {
+    shared.metrics.set_state(2);
+    let grace = shared.cfg.grace;
+    let lost_coordinator = Arc::new(AtomicBool::new(false));
+    let mut fault_events = Vec::new();
+    for v in &volumes {
+        for f in &v.faults {
+            let start = start_at + Duration::from_millis(f.at_ms);
+            fault_events.push(FaultEvent {
+                volume: v.name.clone(),
+                fault: f.name().to_string(),
+                start_agent_ns: unix_ns(start),
+                end_agent_ns: f.duration_ms.map_or(0, |d| unix_ns(start + Duration::from_millis(d))),
+            });
+        }
+    }
+    let results: Vec<VolumeResult> = std::thread::scope(|scope| {
+        let done = Arc::new(AtomicBool::new(false));
+        // Watchdog: nobody listening for longer than the grace period stops the IO.
+        {
+            let (hub, stop, done, lost) = (hub.clone(), stop.clone(), done.clone(), lost_coordinator.clone());
+            scope.spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if let Some(d) = hub.detached_for() {
+                        if d > grace && !stop.load(Ordering::Relaxed) {
+                            tracing::error!(
+                                "no coordinator for {:.1}s (grace {:.1}s): stopping IO",
+                                d.as_secs_f64(),
+                                grace.as_secs_f64()
+                            );
+                            lost.store(true, Ordering::Relaxed);
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        let handles: Vec<_> = volumes
+            .into_iter()
+            .map(|v| {
+                let (hub, stop) = (hub.clone(), stop.clone());
+                scope.spawn(move || {
+                    let faults = Arc::new(v.faults);
+                    let names = faults.clone();
+                    let aggregator = VolumeAggregator::new(
+                        v.name.clone(),
+                        v.run.jobs().iter().map(|j| j.numjobs as usize).sum(),
+                        v.configured_depth,
+                        v.open_loop,
+                        Box::new(move |t_ms| {
+                            crate::fault::active_faults(&names, t_ms * 1_000_000)
+                                .into_iter()
+                                .map(String::from)
+                                .collect()
+                        }),
+                        hub.clone(),
+                    );
+                    let fault_seed = unix_ns(start_at) as u64;
+                    // One gate per volume, shared by its clones: numjobs=4 on an emulated
+                    // 3,000-IOPS volume still gets 3,000 IOPS in all, not 12,000.
+                    let gate = crate::fault::build_gate(&faults, fault_seed).map(crate::fault::SharedGate::new);
+                    let opts = RunOptions {
+                        stop,
+                        keep_files,
+                        start_at: Some(start_at),
+                        sink: Some(Arc::new(aggregator)),
+                        faults: if faults.is_empty() {
+                            None
+                        } else {
+                            Some(Arc::new(move |job: usize, clone: u32| {
+                                let seed = fault_seed ^ ((job as u64) << 32) ^ clone as u64;
+                                CloneFaults {
+                                    gate: gate.clone().map(|g| Box::new(g) as Box<dyn crate::fault::IoGate>),
+                                    fault: crate::fault::build_fault(&faults, seed),
+                                }
+                            }))
+                        },
+                        ..RunOptions::default()
+                    };
+                    let report = v.run.execute(&opts);
+                    let error = report
+                        .jobs
+                        .iter()
+                        .find_map(|j| j.error.clone())
+                        .unwrap_or_default();
+                    let mut totals = [DirStats::new(v.open_loop), DirStats::new(v.open_loop)];
+                    for j in &report.jobs {
+                        totals[0].merge(&j.stats.dirs[0]);
+                        totals[1].merge(&j.stats.dirs[1]);
+                    }
+                    VolumeResult {
+                        volume: v.name,
+                        fio_json: fio_json::to_string(&report),
+                        error,
+                        verify_json: String::new(),
+                        read: Some(dir_totals(&totals[0])),
+                        write: Some(dir_totals(&totals[1])),
+                    }
+                })
+            })
+            .collect();
+        let results = handles.into_iter().map(|h| h.join().expect("volume thread panicked")).collect();
+        done.store(true, Ordering::Relaxed);
+        results
+    });
+    let error = if lost_coordinator.load(Ordering::Relaxed) {
+        format!("coordinator lost for longer than the grace period ({:.1}s): IO stopped", grace.as_secs_f64())
+    } else if stop.load(Ordering::Relaxed) {
+        "aborted".to_string()
+    } else {
+        String::new()
+    };
+    hub.publish(RunEvent {
+        event: Some(run_event::Event::Final(FinalResult { volumes: results, error, faults: fault_events })),
+    });
+    hub.finish();
+    *shared.phase.lock().unwrap() = Phase::Idle;
+    shared.metrics.set_state(0);
+}
+
+fn dir_totals(d: &DirStats) -> DirTotals {
+    let enc = |h: &hdrhistogram::Histogram<u64>| {
+        if h.is_empty() { Vec::new() } else { lockstep_proto::histogram::encode(h).unwrap_or_default() }
+    };
+    DirTotals {
+        slat_hist: enc(&d.slat),
+        clat_hist: enc(&d.clat),
+        lat_hist: enc(&d.lat),
+        lat_intended_hist: d.lat_intended.as_ref().map(enc).unwrap_or_default(),
+    }
+}
+
+/// Serves the agent until `shutdown` resolves. Keepalive pings find a coordinator that died or
+/// was paused even when no interval is due, so the grace period starts promptly.
+pub async fn serve(
+    cfg: DaemonConfig,
+    listener: tokio::net::TcpListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let service = AgentService::new(cfg);
+    if let Some(l) = metrics_listener {
+        let m = service.metrics();
+        tokio::spawn(async move { metrics::serve(l, m).await });
+    }
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(1)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// `lockstep-agent serve`: checks the volumes, binds, prints `listening on ADDR` (a line a
+/// parent process can read to find a port-0 address), and serves until SIGINT/SIGTERM.
+pub fn serve_blocking(cfg: DaemonConfig, listen: &str, metrics_listen: Option<&str>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    for v in &cfg.volumes {
+        v.check()?;
+    }
+    let mut names = std::collections::HashSet::new();
+    for v in &cfg.volumes {
+        anyhow::ensure!(names.insert(&v.name), "--volume {}: the name is given twice", v.name);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
+        let metrics = match metrics_listen {
+            Some(m) => Some(tokio::net::TcpListener::bind(m).await.with_context(|| format!("--metrics-listen {m}"))?),
+            None => None,
+        };
+        let mut out = std::io::stdout();
+        writeln!(out, "listening on {}", listener.local_addr()?)?;
+        if let Some(m) = &metrics {
+            writeln!(out, "metrics on http://{}/metrics", m.local_addr()?)?;
+        }
+        out.flush()?;
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        serve(cfg, listener, metrics, shutdown).await.context("serving")?;
+        Ok(())
+    })
+}
