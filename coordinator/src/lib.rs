@@ -11,5 +11,7 @@
 pub mod chokepoint;
 pub mod clock;
 pub mod merge;
+pub mod plan;
+pub mod profiles;
 pub mod results;
 pub mod timeline;

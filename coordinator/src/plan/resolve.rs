@@ -1,0 +1,459 @@
+//! A plan bound to the agents of a run: who runs what, on which volume, with which faults.
+//!
+//! The agents come from wherever the run found them (the plan's `[[agent]]` list after each
+//! answered its hello, `--local N`, or etcd), so names that only mean something against real
+//! agents are checked here: agents, volumes, label selectors, and that no volume is claimed by
+//! two roles (a volume runs one workload; two would make both roles' results meaningless).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{Fault, Objective, Phase, Plan, PlanError, Selector};
+
+/// An agent of the run, as it described itself (plus the plan's labels for it).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct AgentInfo {
+    pub name: String,
+    /// `host:port` the coordinator reaches it at.
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub volumes: Vec<VolumeInfo>,
+}
+
+/// A volume an agent may test, with what is known about it (for reports and forecasts).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct VolumeInfo {
+    /// The name plans use ("data"); unique per agent.
+    pub name: String,
+    /// Directory, file or block device on the agent's host.
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    /// gp2, gp3, io1, io2, st1, sc1, local, or empty when unknown.
+    pub kind: String,
+    pub provisioned_iops: Option<u64>,
+    pub provisioned_mib_s: Option<u64>,
+}
+
+/// Everything the coordinator sends out and checks against, for one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Assignment {
+    /// The plan's name.
+    pub plan: String,
+    pub interval: Duration,
+    pub phases: Vec<Phase>,
+    pub objectives: Vec<Objective>,
+    /// Agents with at least one volume of work, in the order they were given. Agents the plan
+    /// gives nothing to do are left out: they are not part of the run.
+    pub agents: Vec<AgentAssignment>,
+    /// The fault schedule in plan order, each with the volumes it hits (for the timeline and
+    /// for faults the coordinator injects itself, such as killing an agent).
+    pub faults: Vec<ScheduledFault>,
+}
+
+impl Assignment {
+    /// From the synchronized start to the end of the last phase.
+    pub fn run_length(&self) -> Duration {
+        self.phases.last().map_or(Duration::ZERO, Phase::end)
+    }
+
+    /// Every volume with work, with its agent.
+    pub fn volumes(&self) -> impl Iterator<Item = (&AgentAssignment, &VolumeAssignment)> {
+        self.agents
+            .iter()
+            .flat_map(|a| a.volumes.iter().map(move |v| (a, v)))
+    }
+}
+
+/// One agent's part of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentAssignment {
+    pub agent: String,
+    pub address: String,
+    /// The agent's labels with the plan's on top (what selectors matched against).
+    pub labels: BTreeMap<String, String>,
+    pub volumes: Vec<VolumeAssignment>,
+}
+
+/// One volume's work: what the agent's `Prepare` needs for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeAssignment {
+    pub volume: VolumeInfo,
+    /// Volumes of one role are peers for the chokepoint finder.
+    pub role: String,
+    /// fio job text; the agent confines its jobs to `volume`.
+    pub job_text: String,
+    /// Applied on top of every job of `job_text` (see `Workload::overrides`).
+    pub overrides: BTreeMap<String, String>,
+    /// The role's open-loop target for this volume, if any (already in `overrides`; here for
+    /// reports, which compare achieved with target).
+    pub rate_iops: Option<u64>,
+    pub faults: Vec<FaultAssignment>,
+}
+
+impl VolumeAssignment {
+    /// `overrides` with `runtime` set to `runtime`, for a coordinator that starts each phase
+    /// separately (behind a barrier) rather than the whole run at once.
+    pub fn overrides_for(&self, runtime: Duration) -> BTreeMap<String, String> {
+        let mut o = self.overrides.clone();
+        o.insert("runtime".to_string(), super::workload::fio_time(runtime));
+        o
+    }
+}
+
+/// A fault as one volume's agent injects it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FaultAssignment {
+    /// Index in the plan's fault schedule (and `Assignment::faults`).
+    pub index: usize,
+    /// `fault 'name'` or `fault #n`, for messages and the timeline.
+    pub label: String,
+    pub kind: String,
+    /// Offset from the run's synchronized start.
+    pub at: Duration,
+    /// `None`: until the end of the run.
+    pub duration: Option<Duration>,
+    /// The FaultSpec as JSON (with `kind`).
+    pub spec: serde_json::Map<String, serde_json::Value>,
+}
+
+impl FaultAssignment {
+    /// The JSON the protocol carries (`VolumeWork.faults_json`): the FaultSpec plus `at_ms` and
+    /// `duration_ms` (absent: until the end of the run).
+    pub fn wire_json(&self) -> String {
+        let mut obj = self.spec.clone();
+        obj.insert("at_ms".to_string(), millis(self.at).into());
+        if let Some(d) = self.duration {
+            obj.insert("duration_ms".to_string(), millis(d).into());
+        }
+        serde_json::Value::Object(obj).to_string()
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A fault of the schedule with every volume it hits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduledFault {
+    pub fault: FaultAssignment,
+    /// Plan line of the `[[fault]]`.
+    pub line: usize,
+    pub targets: Vec<VolumeRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct VolumeRef {
+    pub agent: String,
+    pub volume: String,
+}
+
+/// At most this many agents are listed in a message; a 1,000-agent list helps nobody.
+const LIST_LIMIT: usize = 8;
+
+/// Binds `plan` to the agents of a run. Errors name the plan line of the role or fault whose
+/// selection fails.
+pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanError> {
+    let error = |line: usize, field: &str, message: String| PlanError::Invalid {
+        file: plan.origin.clone(),
+        line,
+        field: field.to_string(),
+        message,
+    };
+    if agents.is_empty() {
+        return Err(error(
+            0,
+            "agent",
+            "the run has no agents: list them with [[agent]], or use --local N".to_string(),
+        ));
+    }
+    for (i, a) in agents.iter().enumerate() {
+        if agents[..i].iter().any(|b| b.name == a.name) {
+            return Err(error(
+                0,
+                "agent",
+                format!(
+                    "two agents of the run are named '{}'; agent names must be unique",
+                    a.name
+                ),
+            ));
+        }
+        for (j, v) in a.volumes.iter().enumerate() {
+            if a.volumes[..j].iter().any(|w| w.name == v.name) {
+                return Err(error(
+                    0,
+                    "agent",
+                    format!("agent '{}' reports volume '{}' twice", a.name, v.name),
+                ));
+            }
+        }
+    }
+    let labels: Vec<BTreeMap<String, String>> = agents
+        .iter()
+        .map(|a| {
+            let mut l = a.labels.clone();
+            if let Some(p) = plan.agents.iter().find(|p| p.name == a.name) {
+                l.extend(p.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            l
+        })
+        .collect();
+
+    // (agent index, volume index) -> role index.
+    let mut owner: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    for (ri, role) in plan.roles.iter().enumerate() {
+        let what = format!("role '{}'", role.name);
+        let selected = select(&role.select, agents, &labels)
+            .map_err(|m| error(role.select_line, &format!("{what}: select"), m))?;
+        let before = owner.len();
+        for ai in selected {
+            let agent = &agents[ai];
+            let vols: Vec<usize> = match &role.volumes {
+                None => (0..agent.volumes.len()).collect(),
+                Some(names) => names
+                    .iter()
+                    .map(|n| {
+                        agent
+                            .volumes
+                            .iter()
+                            .position(|v| &v.name == n)
+                            .ok_or_else(|| {
+                                error(
+                                    role.volumes_line,
+                                    &format!("{what}: volumes"),
+                                    format!(
+                                        "agent '{}' has no volume '{n}' (its volumes: {})",
+                                        agent.name,
+                                        volume_names(agent)
+                                    ),
+                                )
+                            })
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            for vi in vols {
+                if let Some(&other) = owner.get(&(ai, vi)) {
+                    let prev = &plan.roles[other];
+                    return Err(error(
+                        role.line,
+                        &what,
+                        format!(
+                            "volume '{}' of agent '{}' is already selected by role '{}' (line \
+                             {}): a volume runs one role's workload; narrow select or volumes",
+                            agent.volumes[vi].name, agent.name, prev.name, prev.line
+                        ),
+                    ));
+                }
+                owner.insert((ai, vi), ri);
+            }
+        }
+        if owner.len() == before {
+            return Err(error(
+                role.line,
+                &what,
+                "selects no volume: the selected agents report none".to_string(),
+            ));
+        }
+    }
+
+    let mut faults_of: BTreeMap<(usize, usize), Vec<FaultAssignment>> = BTreeMap::new();
+    let mut schedule = Vec::with_capacity(plan.faults.len());
+    for (fi, fault) in plan.faults.iter().enumerate() {
+        let targets = fault_targets(plan, fault, agents, &labels, &owner)
+            .map_err(|m| error(fault.target_line, &format!("{}: target", fault.label), m))?;
+        let assignment = FaultAssignment {
+            index: fi,
+            label: fault.label.clone(),
+            kind: fault.kind.clone(),
+            at: fault.at,
+            duration: fault.duration,
+            spec: fault.spec.clone(),
+        };
+        for &t in &targets {
+            faults_of.entry(t).or_default().push(assignment.clone());
+        }
+        schedule.push(ScheduledFault {
+            fault: assignment,
+            line: fault.line,
+            targets: targets
+                .iter()
+                .map(|&(ai, vi)| VolumeRef {
+                    agent: agents[ai].name.clone(),
+                    volume: agents[ai].volumes[vi].name.clone(),
+                })
+                .collect(),
+        });
+    }
+
+    let mut out_agents = Vec::new();
+    for (ai, agent) in agents.iter().enumerate() {
+        let volumes: Vec<VolumeAssignment> = agent
+            .volumes
+            .iter()
+            .enumerate()
+            .filter_map(|(vi, v)| {
+                let role = &plan.roles[*owner.get(&(ai, vi))?];
+                Some(VolumeAssignment {
+                    volume: v.clone(),
+                    role: role.name.clone(),
+                    job_text: role.workload.job_text.clone(),
+                    overrides: role.workload.overrides.clone(),
+                    rate_iops: role.rate_iops,
+                    faults: faults_of.remove(&(ai, vi)).unwrap_or_default(),
+                })
+            })
+            .collect();
+        if !volumes.is_empty() {
+            out_agents.push(AgentAssignment {
+                agent: agent.name.clone(),
+                address: agent.address.clone(),
+                labels: labels[ai].clone(),
+                volumes,
+            });
+        }
+    }
+
+    Ok(Assignment {
+        plan: plan.name.clone(),
+        interval: plan.interval,
+        phases: plan.phases.clone(),
+        objectives: plan.objectives.clone(),
+        agents: out_agents,
+        faults: schedule,
+    })
+}
+
+/// Indices of the agents a selector picks; an error message when it picks a name that does
+/// not exist or nothing at all.
+fn select(
+    selector: &Selector,
+    agents: &[AgentInfo],
+    labels: &[BTreeMap<String, String>],
+) -> Result<Vec<usize>, String> {
+    let unknown = match selector {
+        Selector::Agents(names) => names.iter().find(|n| !agents.iter().any(|a| &a.name == *n)),
+        _ => None,
+    };
+    if let Some(unknown) = unknown {
+        return Err(format!(
+            "unknown agent '{unknown}' (agents of this run: {})",
+            agent_list(agents, None)
+        ));
+    }
+    let picked: Vec<usize> = (0..agents.len())
+        .filter(|&i| selector.matches(&agents[i].name, &labels[i]))
+        .collect();
+    if let (true, Selector::Labels(want)) = (picked.is_empty(), selector) {
+        return Err(format!(
+            "labels {} match no agent (agents of this run: {})",
+            format_labels(want),
+            agent_list(agents, Some(labels))
+        ));
+    }
+    Ok(picked)
+}
+
+fn fault_targets(
+    plan: &Plan,
+    fault: &Fault,
+    agents: &[AgentInfo],
+    labels: &[BTreeMap<String, String>],
+    owner: &BTreeMap<(usize, usize), usize>,
+) -> Result<Vec<(usize, usize)>, String> {
+    let t = &fault.target;
+    let selector = match (&t.agents, &t.labels) {
+        (Some(names), _) => Selector::Agents(names.clone()),
+        (None, Some(want)) => Selector::Labels(want.clone()),
+        (None, None) => Selector::All,
+    };
+    let selected = select(&selector, agents, labels)?;
+    let role = match &t.role {
+        None => None,
+        Some(name) => Some(
+            plan.roles
+                .iter()
+                .position(|r| &r.name == name)
+                .ok_or_else(|| format!("unknown role '{name}'"))?,
+        ),
+    };
+    let mut out = Vec::new();
+    for ai in selected {
+        let agent = &agents[ai];
+        let candidates: Vec<usize> = match &t.volumes {
+            None => (0..agent.volumes.len()).collect(),
+            Some(names) => {
+                let mut v = Vec::new();
+                for n in names {
+                    let Some(vi) = agent.volumes.iter().position(|x| &x.name == n) else {
+                        return Err(format!(
+                            "agent '{}' has no volume '{n}' (its volumes: {})",
+                            agent.name,
+                            volume_names(agent)
+                        ));
+                    };
+                    // A named volume that runs nothing is a mistake; with no names given,
+                    // idle volumes are simply not targets.
+                    if !owner.contains_key(&(ai, vi)) && role.is_none() {
+                        return Err(format!(
+                            "volume '{n}' of agent '{}' runs no workload: no role selects it",
+                            agent.name
+                        ));
+                    }
+                    v.push(vi);
+                }
+                v
+            }
+        };
+        for vi in candidates {
+            let Some(&r) = owner.get(&(ai, vi)) else {
+                continue;
+            };
+            if role.is_none_or(|want| want == r) {
+                out.push((ai, vi));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("hits no volume that runs a workload".to_string());
+    }
+    Ok(out)
+}
+
+fn volume_names(agent: &AgentInfo) -> String {
+    if agent.volumes.is_empty() {
+        return "none".to_string();
+    }
+    agent
+        .volumes
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn format_labels(labels: &BTreeMap<String, String>) -> String {
+    let inner: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k} = \"{v}\""))
+        .collect();
+    format!("{{ {} }}", inner.join(", "))
+}
+
+fn agent_list(agents: &[AgentInfo], labels: Option<&[BTreeMap<String, String>]>) -> String {
+    let mut parts: Vec<String> = agents
+        .iter()
+        .enumerate()
+        .take(LIST_LIMIT)
+        .map(|(i, a)| match labels {
+            Some(l) => format!("{} {}", a.name, format_labels(&l[i])),
+            None => a.name.clone(),
+        })
+        .collect();
+    if agents.len() > LIST_LIMIT {
+        parts.push(format!("and {} more", agents.len() - LIST_LIMIT));
+    }
+    parts.join(", ")
+}

@@ -1,0 +1,1076 @@
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+
+const ORIGIN: &str = "plans/x.toml";
+
+fn parse_ok(text: &str) -> Plan {
+    parse(text, Path::new(ORIGIN)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Parses `text`, expects an error, and checks that it names the file, `line` and `field`
+/// and says `says`.
+fn parse_err(text: &str, line: usize, field: &str, says: &str) -> PlanError {
+    let e = parse(text, Path::new(ORIGIN)).expect_err("the plan should be refused");
+    check_err(&e, line, field, says);
+    e
+}
+
+fn check_err(e: &PlanError, line: usize, field: &str, says: &str) {
+    let shown = e.to_string();
+    assert_eq!(e.line(), line, "line of: {shown}");
+    assert_eq!(e.field(), field, "field of: {shown}");
+    let at = if line == 0 {
+        ORIGIN.to_string()
+    } else {
+        format!("{ORIGIN}:{line}")
+    };
+    let prefix = if field.is_empty() {
+        format!("{at}: ")
+    } else {
+        format!("{at}: {field}: ")
+    };
+    assert!(
+        shown.starts_with(&prefix),
+        "'{shown}' should start with '{prefix}'"
+    );
+    assert!(shown.contains(says), "'{shown}' should say '{says}'");
+}
+
+fn volume(name: &str) -> VolumeInfo {
+    VolumeInfo {
+        name: name.to_string(),
+        path: PathBuf::from(format!("/srv/{name}")),
+        size_bytes: 60 << 30,
+        kind: "gp2".to_string(),
+        provisioned_iops: None,
+        provisioned_mib_s: None,
+    }
+}
+
+fn agent(name: &str, labels: &[(&str, &str)], volumes: &[&str]) -> AgentInfo {
+    AgentInfo {
+        name: name.to_string(),
+        address: format!("{name}:7070"),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        volumes: volumes.iter().map(|v| volume(v)).collect(),
+    }
+}
+
+/// What `--local N` makes: agent-1..agent-N, one volume "data", labels {node = "agent-i"}.
+fn local(n: usize) -> Vec<AgentInfo> {
+    (1..=n)
+        .map(|i| {
+            let name = format!("agent-{i}");
+            agent(&name, &[("node", &name)], &["data"])
+        })
+        .collect()
+}
+
+const FULL: &str = r#"
+name = "full"
+duration = "30s"
+interval = "500ms"
+ramp = "5s"
+
+[[agent]]
+name = "db-1"
+address = "10.0.0.5:7070"
+labels = { role = "db", az = "a" }
+
+[[agent]]
+name = "db-2"
+address = "10.0.0.6:7070"
+labels = { role = "db", az = "b" }
+
+[[agent]]
+name = "stage-1"
+address = "10.0.0.7:7070"
+
+[[role]]
+name = "db"
+select = { labels = { role = "db" } }
+volumes = ["data"]
+workload = { profile = "oltp-8k", set = { iodepth = 32, size = "1g" } }
+rate_iops = 500
+
+[[role]]
+name = "staging"
+select = { agents = ["stage-1"] }
+workload = { fio = { rw = "write", bs = "256k", iodepth = 4, direct = true, percentile_list = [99.0, 99.9] } }
+
+[[phase]]
+name = "warmup"
+duration = "10s"
+measure = false
+
+[[phase]]
+name = "measure"
+
+[[objective]]
+metric = "p99"
+direction = "read"
+below = "5ms"
+role = "db"
+
+[[objective]]
+metric = "iops_min"
+above = 400
+scope = "cluster"
+
+[[fault]]
+name = "credits"
+at = "2s"
+phase = "measure"
+duration = "15s"
+target = { agents = ["db-2"], volumes = ["data"] }
+kind = "ebs"
+volume_type = "gp2"
+size_gib = 60
+time_scale = 60
+
+[[fault]]
+at = "20s"
+target = { role = "staging" }
+kind = "stall"
+"#;
+
+fn full_agents() -> Vec<AgentInfo> {
+    vec![
+        agent("db-1", &[], &["data", "logs"]),
+        agent("db-2", &[("az", "reported")], &["data", "logs"]),
+        agent("stage-1", &[], &["scratch", "spill"]),
+        agent("idle", &[], &["data"]),
+    ]
+}
+
+#[test]
+fn a_full_plan_parses_into_typed_form() {
+    let plan = parse_ok(FULL);
+    assert_eq!(plan.name, "full");
+    assert_eq!(plan.interval, Duration::from_millis(500));
+    let phases: Vec<(&str, u64, u64, bool)> = plan
+        .phases
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.start.as_secs(),
+                p.duration.as_secs(),
+                p.measure,
+            )
+        })
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            ("ramp", 0, 5, false),
+            ("warmup", 5, 10, false),
+            ("measure", 15, 30, true)
+        ]
+    );
+    assert_eq!(plan.run_length(), Duration::from_secs(45));
+    assert_eq!(plan.measured_length(), Duration::from_secs(30));
+
+    let db = plan.role("db").unwrap();
+    assert_eq!(
+        db.select,
+        Selector::Labels([("role".into(), "db".into())].into())
+    );
+    assert_eq!(
+        db.workload.source,
+        WorkloadSource::Profile("oltp-8k".into())
+    );
+    assert_eq!(
+        db.workload.job_text,
+        crate::profiles::get("oltp-8k").unwrap().job
+    );
+    let o = &db.workload.overrides;
+    assert_eq!(o["iodepth"], "32");
+    assert_eq!(o["size"], "1g");
+    // 500 IOPS for the volume, one job, 70% reads: fio's per-direction rate_iops.
+    assert_eq!(o["rate_iops"], "350,150");
+    assert_eq!(o["runtime"], "45s");
+    assert_eq!(o["time_based"], "1");
+    assert_eq!(o["ramp_time"], "0");
+
+    let staging = plan.role("staging").unwrap();
+    assert_eq!(staging.workload.source, WorkloadSource::Inline);
+    assert!(staging.workload.job_text.contains("[staging]\n"));
+    for line in [
+        "bs=256k",
+        "direct=1",
+        "iodepth=4",
+        "percentile_list=99:99.9",
+        "rw=write",
+    ] {
+        assert!(
+            staging.workload.job_text.contains(&format!("{line}\n")),
+            "{line}"
+        );
+    }
+
+    let p99 = &plan.objectives[0];
+    assert_eq!(p99.metric, Metric::Percentile(99.0));
+    assert_eq!(p99.direction, Some(Direction::Read));
+    assert_eq!(p99.threshold, Threshold::LatencyBelowNs(5_000_000));
+    assert_eq!(p99.scope, Scope::Volume);
+    assert!(p99.holds(4_999_999.0) && !p99.holds(5_000_000.0));
+    assert_eq!(p99.to_string(), "p99 read < 5ms on every db volume");
+    let iops = &plan.objectives[1];
+    assert_eq!(iops.threshold, Threshold::IopsAtLeast(400.0));
+    assert!(iops.holds(400.0) && !iops.holds(399.0));
+    assert_eq!(iops.to_string(), "iops_min >= 400 IOPS for the cluster");
+
+    let credits = &plan.faults[0];
+    assert_eq!(credits.label, "fault 'credits'");
+    assert_eq!(
+        credits.at,
+        Duration::from_secs(17),
+        "2s into the measure phase"
+    );
+    assert_eq!(credits.duration, Some(Duration::from_secs(15)));
+    assert_eq!(credits.kind, "ebs");
+    let spec = serde_json::Value::Object(credits.spec.clone());
+    assert_eq!(
+        spec,
+        serde_json::json!({"kind": "ebs", "volume_type": "gp2", "size_gib": 60, "time_scale": 60})
+    );
+    assert_eq!(plan.faults[1].label, "fault #2");
+    assert_eq!(plan.faults[1].duration, None);
+}
+
+#[test]
+fn a_full_plan_resolves_into_an_assignment() {
+    let plan = parse_ok(FULL);
+    let a = resolve(&plan, &full_agents()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.plan, "full");
+    assert_eq!(a.run_length(), Duration::from_secs(45));
+    assert_eq!(a.objectives.len(), 2);
+
+    // The idle agent runs nothing and is not part of the run.
+    let names: Vec<&str> = a.agents.iter().map(|x| x.agent.as_str()).collect();
+    assert_eq!(names, ["db-1", "db-2", "stage-1"]);
+    let layout: Vec<(&str, &str, &str)> = a
+        .volumes()
+        .map(|(ag, v)| (ag.agent.as_str(), v.volume.name.as_str(), v.role.as_str()))
+        .collect();
+    assert_eq!(
+        layout,
+        [
+            ("db-1", "data", "db"),
+            ("db-2", "data", "db"),
+            ("stage-1", "scratch", "staging"),
+            ("stage-1", "spill", "staging"),
+        ]
+    );
+    // Plan labels go on top of the agent's own.
+    assert_eq!(a.agents[1].labels["az"], "b");
+    assert_eq!(a.agents[1].labels["role"], "db");
+
+    let db2 = &a.agents[1].volumes[0];
+    assert_eq!(db2.rate_iops, Some(500));
+    assert_eq!(db2.volume.path, PathBuf::from("/srv/data"));
+    assert_eq!(db2.faults.len(), 1);
+    let f = &db2.faults[0];
+    assert_eq!(
+        (f.index, f.at, f.kind.as_str()),
+        (0, Duration::from_secs(17), "ebs")
+    );
+    let wire: serde_json::Value = serde_json::from_str(&f.wire_json()).unwrap();
+    assert_eq!(wire["at_ms"], 17_000);
+    assert_eq!(wire["duration_ms"], 15_000);
+    assert_eq!(wire["volume_type"], "gp2");
+    assert!(a.agents[0].volumes[0].faults.is_empty());
+    assert_eq!(db2.overrides["runtime"], "45s");
+    assert_eq!(db2.overrides_for(Duration::from_secs(30))["runtime"], "30s");
+
+    // The stall hits every volume of the staging role, until the end of the run.
+    let stall = &a.faults[1];
+    assert_eq!(stall.targets.len(), 2);
+    assert!(stall.targets.iter().all(|t| t.agent == "stage-1"));
+    let wire: serde_json::Value = serde_json::from_str(&stall.fault.wire_json()).unwrap();
+    assert!(wire.get("duration_ms").is_none());
+    assert_eq!(a.agents[2].volumes[1].faults[0].kind, "stall");
+    serde_json::to_string(&a).expect("an assignment can be saved with the results");
+}
+
+#[test]
+fn a_minimal_plan_gets_defaults() {
+    let plan = parse_ok(
+        "duration = \"10s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"randread-4k\" }\n",
+    );
+    assert_eq!(plan.name, "x", "the file stem");
+    assert_eq!(plan.interval, DEFAULT_INTERVAL);
+    assert_eq!(plan.phases.len(), 1);
+    assert_eq!(plan.phases[0].name, "measure");
+    assert!(plan.phases[0].measure);
+    assert_eq!(plan.roles[0].select, Selector::All);
+    let a = resolve(&plan, &local(4)).unwrap();
+    assert_eq!(a.volumes().count(), 4);
+}
+
+#[test]
+fn toml_syntax_errors_name_the_line() {
+    parse_err("duration = \"10s\"\n[[role]\n", 2, "", "expected `]`");
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_element() {
+    parse_err(
+        "durration = \"10s\"\n",
+        1,
+        "durration",
+        "unknown field `durration`",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\niodepth = 3\n",
+        5,
+        "role 'w'",
+        "unknown field `iodepth`",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profle = \"oltp-8k\" }\n",
+        4,
+        "role 'w': workload",
+        "unknown field `profle`",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\n[role.workload]\nprofile = \"oltp-8k\"\nbogus = 1\n",
+        6,
+        "role 'w': workload",
+        "unknown field `bogus`",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n\
+         [[objective]]\nmetric = \"p99\"\nbelow = \"1ms\"\nscope = \"rack\"\n",
+        8,
+        "objective #1: scope",
+        "unknown variant `rack`",
+    );
+}
+
+#[test]
+fn a_single_bracket_array_gets_a_hint() {
+    parse_err(
+        "duration = \"1s\"\n[role]\nname = \"w\"\n",
+        2,
+        "role",
+        "write [[role]], with double brackets",
+    );
+}
+
+#[test]
+fn durations_need_units() {
+    parse_err("duration = \"60x\"\n", 1, "duration", "unknown unit 'x'");
+    parse_err(
+        "duration = 60\n",
+        1,
+        "duration",
+        "give the unit as a string, e.g. \"60s\"",
+    );
+    parse_err(
+        "duration = \"1s\"\ninterval = \"10ms\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n",
+        2,
+        "interval",
+        "too short",
+    );
+    parse_err(
+        "[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n",
+        0,
+        "duration",
+        "missing",
+    );
+}
+
+#[test]
+fn an_unknown_profile_is_refused_with_the_known_ones() {
+    let e = parse_err(
+        "duration = \"1s\"\n\n[[role]]\nname = \"worker\"\nworkload = { profile = \"oltp-9k\" }\n",
+        5,
+        "role 'worker': workload",
+        "unknown profile 'oltp-9k' (known: oltp-8k, ",
+    );
+    assert!(
+        e.to_string()
+            .starts_with("plans/x.toml:5: role 'worker': workload: unknown profile")
+    );
+}
+
+#[test]
+fn a_workload_needs_exactly_one_source() {
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { set = { bs = \"4k\" } }\n",
+        4,
+        "role 'w': workload",
+        "says nothing to run",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\", jobfile = \"a.fio\" }\n",
+        4,
+        "role 'w': workload",
+        "more than one source",
+    );
+}
+
+#[test]
+fn inline_options_are_checked_for_shape() {
+    let role = |opts: &str| {
+        format!("duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = {{ fio = {{ {opts} }} }}\n")
+    };
+    parse_err(
+        &role("directory = \"/x\""),
+        4,
+        "role 'w': workload.fio.directory",
+        "set by the agent",
+    );
+    parse_err(
+        &role("bs = { read = 4 }"),
+        4,
+        "role 'w': workload.fio.bs",
+        "not a table",
+    );
+    parse_err(
+        &role("\"rate-iops\" = 4"),
+        4,
+        "role 'w': workload.fio",
+        "not a fio option name",
+    );
+    parse_err(&role(""), 4, "role 'w': workload.fio", "is empty");
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\", set = { filename = \"/dev/sda\" } }\n",
+        4,
+        "role 'w': workload.set.filename",
+        "set by the agent",
+    );
+}
+
+#[test]
+fn inline_options_become_a_job_section() {
+    let plan = parse_ok(
+        "duration = \"1m30s\"\n[[role]]\nname = \"oltp\"\n[role.workload.fio]\nrw = \"randrw\"\n\
+         rwmixread = 70\nbs = \"8k\"\niodepth = 16\nnorandommap = true\n",
+    );
+    let text = &plan.roles[0].workload.job_text;
+    let body: Vec<&str> = text.lines().filter(|l| !l.starts_with(';')).collect();
+    assert_eq!(
+        body,
+        [
+            "[oltp]",
+            "bs=8k",
+            "iodepth=16",
+            "norandommap=1",
+            "rw=randrw",
+            "rwmixread=70"
+        ]
+    );
+    assert_eq!(plan.roles[0].workload.overrides["runtime"], "90s");
+}
+
+#[test]
+fn role_names_are_checked() {
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"global\"\nworkload = { profile = \"oltp-8k\" }\n",
+        3,
+        "role 'global': name",
+        "fio's section",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"a b\"\nworkload = { profile = \"oltp-8k\" }\n",
+        3,
+        "role 'a b': name",
+        "not a usable name",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n\
+         [[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n",
+        6,
+        "role 'w': name",
+        "already defined on line 2",
+    );
+    parse_err("duration = \"1s\"\n", 0, "role", "no [[role]]");
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\nrate_iops = 0\n",
+        5,
+        "role 'w': rate_iops",
+        "at least 1",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nselect = { agents = [\"a\"], labels = { x = \"y\" } }\n\
+         workload = { profile = \"oltp-8k\" }\n",
+        4,
+        "role 'w': select",
+        "not both",
+    );
+}
+
+#[test]
+fn plan_agents_are_checked() {
+    let agents = "duration = \"1s\"\n[[agent]]\nname = \"a\"\naddress = \"10.0.0.1:7070\"\n";
+    let role = "[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n";
+    parse_err(
+        &format!("{agents}[[agent]]\nname = \"b\"\naddress = \"10.0.0.2\"\n{role}"),
+        7,
+        "agent 'b': address",
+        "not host:port",
+    );
+    parse_err(
+        &format!("{agents}[[agent]]\nname = \"a\"\naddress = \"10.0.0.2:7070\"\n{role}"),
+        6,
+        "agent 'a': name",
+        "already given on line 2",
+    );
+    // With agents in the plan, a role naming another agent is refused at parse time.
+    parse_err(
+        &format!(
+            "{agents}[[role]]\nname = \"w\"\nselect = {{ agents = [\"b\"] }}\nworkload = {{ profile = \"oltp-8k\" }}\n"
+        ),
+        7,
+        "role 'w': select",
+        "unknown agent 'b'",
+    );
+}
+
+#[test]
+fn phases_are_checked() {
+    let role = "[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n";
+    parse_err(
+        &format!("{role}[[phase]]\nname = \"a\"\nduration = \"1s\"\n[[phase]]\nname = \"b\"\n"),
+        7,
+        "phase 'b': duration",
+        "no top-level duration",
+    );
+    parse_err(
+        &format!("{role}[[phase]]\nname = \"a\"\nduration = \"1s\"\nmeasure = false\n"),
+        4,
+        "phase",
+        "no phase is measured",
+    );
+    parse_err(
+        &format!("ramp = \"1s\"\nduration = \"2s\"\n{role}[[phase]]\nname = \"ramp\"\n"),
+        7,
+        "phase 'ramp': name",
+        "comes earlier",
+    );
+}
+
+#[test]
+fn objectives_are_checked() {
+    let base = "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n[[objective]]\n";
+    parse_err(
+        &format!("{base}metric = \"p999\"\nbelow = \"1ms\"\n"),
+        6,
+        "objective #1: metric",
+        "",
+    );
+    parse_err(
+        &format!("{base}metric = \"p101\"\nbelow = \"1ms\"\n"),
+        6,
+        "objective #1: metric",
+        "unknown metric 'p101'",
+    );
+    parse_err(
+        &format!("{base}metric = \"p99\"\nabove = 5\n"),
+        7,
+        "objective #1 (p99)",
+        "upper bound: write below",
+    );
+    parse_err(
+        &format!("{base}metric = \"iops_min\"\nbelow = \"1ms\"\n"),
+        7,
+        "objective #1 (iops_min)",
+        "lower bound: write above",
+    );
+    parse_err(
+        &format!("{base}metric = \"p99\"\n"),
+        5,
+        "objective #1 (p99)",
+        "missing its bound",
+    );
+    parse_err(
+        &format!("{base}metric = \"p99\"\nbelow = 5\n"),
+        7,
+        "objective #1 (p99): below",
+        "with its unit",
+    );
+    parse_err(
+        &format!("{base}metric = \"p99.9\"\nbelow = \"5ms\"\nrole = \"db\"\n"),
+        8,
+        "objective #1 (p99.9): role",
+        "unknown role 'db' (roles: w)",
+    );
+    parse_err(
+        &format!("{base}metric = \"p99\"\nbelow = \"5ms\"\ndirection = \"both\"\n"),
+        8,
+        "objective #1: direction",
+        "unknown variant `both`",
+    );
+    let plan = parse_ok(&format!(
+        "{base}metric = \"mbps_min\"\nabove = 100\nscope = \"node\"\n"
+    ));
+    assert_eq!(
+        plan.objectives[0].threshold,
+        Threshold::BytesPerSecAtLeast(100e6)
+    );
+    assert_eq!(plan.objectives[0].direction, None);
+    assert_eq!(
+        plan.objectives[0].to_string(),
+        "mbps_min >= 100 MB/s on every node"
+    );
+}
+
+#[test]
+fn faults_are_checked() {
+    let base = "duration = \"30s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n[[fault]]\n";
+    parse_err(
+        &format!("{base}at = \"1s\"\ntarget = {{}}\n"),
+        5,
+        "fault #1",
+        "missing kind",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\ntarget = {{}}\n"),
+        5,
+        "fault #1",
+        "missing at",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\nat = \"40s\"\ntarget = {{}}\n"),
+        7,
+        "fault #1: at",
+        "the run ends at 30s",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\nat = \"soon\"\ntarget = {{}}\n"),
+        7,
+        "fault #1: at",
+        "invalid duration 'soon'",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\nat = \"1s\"\nphase = \"chaos\"\ntarget = {{}}\n"),
+        8,
+        "fault #1: phase",
+        "unknown phase 'chaos' (phases: measure)",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\nat = \"1s\"\n"),
+        5,
+        "fault #1",
+        "missing target",
+    );
+    parse_err(
+        &format!(
+            "{base}name = \"cut\"\nkind = \"stall\"\nat = \"1s\"\ntarget = {{ agent = [\"a\"] }}\n"
+        ),
+        9,
+        "fault 'cut': target",
+        "unknown field `agent`",
+    );
+    parse_err(
+        &format!("{base}kind = \"stall\"\nat = \"1s\"\ntarget = {{ role = \"db\" }}\n"),
+        8,
+        "fault #1: target",
+        "unknown role 'db'",
+    );
+    parse_err(
+        &format!("{base}kind = 3\nat = \"1s\"\ntarget = {{}}\n"),
+        6,
+        "fault #1: kind",
+        "must be a string",
+    );
+}
+
+#[test]
+fn resolve_refuses_unknown_agents_and_volumes() {
+    let plan = parse_ok(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nselect = { agents = [\"agent-9\"] }\n\
+         workload = { profile = \"oltp-8k\" }\n",
+    );
+    let e = resolve(&plan, &local(2)).unwrap_err();
+    check_err(
+        &e,
+        4,
+        "role 'w': select",
+        "unknown agent 'agent-9' (agents of this run: agent-1, agent-2)",
+    );
+
+    let plan = parse_ok(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nvolumes = [\"data\", \"logs\"]\n\
+         workload = { profile = \"oltp-8k\" }\n",
+    );
+    let e = resolve(&plan, &local(2)).unwrap_err();
+    check_err(
+        &e,
+        4,
+        "role 'w': volumes",
+        "agent 'agent-1' has no volume 'logs' (its volumes: data)",
+    );
+
+    let plan = parse_ok(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nselect = { labels = { az = \"c\" } }\n\
+         workload = { profile = \"oltp-8k\" }\n",
+    );
+    let e = resolve(&plan, &local(2)).unwrap_err();
+    check_err(
+        &e,
+        4,
+        "role 'w': select",
+        "labels { az = \"c\" } match no agent (agents of this run: agent-1 { node = \"agent-1\" }",
+    );
+
+    let e = resolve(&plan, &[]).unwrap_err();
+    check_err(&e, 0, "agent", "no agents");
+}
+
+#[test]
+fn resolve_refuses_overlapping_roles() {
+    let plan = parse_ok(
+        "duration = \"1s\"\n\
+         [[role]]\nname = \"a\"\nselect = { agents = [\"agent-1\", \"agent-2\"] }\nworkload = { profile = \"oltp-8k\" }\n\
+         [[role]]\nname = \"b\"\nworkload = { profile = \"journal\" }\n",
+    );
+    let e = resolve(&plan, &local(3)).unwrap_err();
+    check_err(
+        &e,
+        6,
+        "role 'b'",
+        "volume 'data' of agent 'agent-1' is already selected by role 'a' (line 2)",
+    );
+    // Disjoint selections are fine.
+    let plan = parse_ok(
+        "duration = \"1s\"\n\
+         [[role]]\nname = \"a\"\nselect = { agents = [\"agent-1\"] }\nworkload = { profile = \"oltp-8k\" }\n\
+         [[role]]\nname = \"b\"\nselect = { labels = { node = \"agent-2\" } }\nworkload = { profile = \"journal\" }\n",
+    );
+    let a = resolve(&plan, &local(3)).unwrap();
+    let roles: Vec<&str> = a.volumes().map(|(_, v)| v.role.as_str()).collect();
+    assert_eq!(roles, ["a", "b"]);
+}
+
+#[test]
+fn resolve_checks_fault_targets() {
+    let base = "duration = \"30s\"\n[[role]]\nname = \"w\"\nselect = { agents = [\"agent-1\", \"agent-2\"] }\n\
+                workload = { profile = \"oltp-8k\" }\n[[fault]]\nkind = \"stall\"\nat = \"1s\"\n";
+    let cases = [
+        (
+            "target = { agents = [\"agent-7\"] }",
+            "unknown agent 'agent-7'",
+        ),
+        (
+            "target = { agents = [\"agent-3\"] }",
+            "hits no volume that runs a workload",
+        ),
+        (
+            "target = { agents = [\"agent-3\"], volumes = [\"data\"] }",
+            "volume 'data' of agent 'agent-3' runs no workload",
+        ),
+        (
+            "target = { volumes = [\"logs\"] }",
+            "agent 'agent-1' has no volume 'logs'",
+        ),
+        (
+            "target = { labels = { az = \"q\" } }",
+            "labels { az = \"q\" } match no agent",
+        ),
+    ];
+    for (target, says) in cases {
+        let plan = parse_ok(&format!("{base}{target}\n"));
+        let e = resolve(&plan, &local(3)).unwrap_err();
+        check_err(&e, 9, "fault #1: target", says);
+    }
+    // target = {} is every volume with work.
+    let plan = parse_ok(&format!("{base}target = {{}}\n"));
+    let a = resolve(&plan, &local(3)).unwrap();
+    assert_eq!(a.faults[0].targets.len(), 2);
+}
+
+#[test]
+fn resolve_refuses_duplicate_agent_names() {
+    let plan = parse_ok(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n",
+    );
+    let mut agents = local(2);
+    agents[1].name = "agent-1".into();
+    let e = resolve(&plan, &agents).unwrap_err();
+    check_err(&e, 0, "agent", "two agents of the run are named 'agent-1'");
+}
+
+#[test]
+fn job_files_are_read_relative_to_the_plan_with_includes_expanded() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("jobs")).unwrap();
+    std::fs::write(
+        dir.path().join("jobs/common.fio"),
+        "ioengine=io_uring\ndirect=1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("jobs/hadoop.fio"),
+        "[global]\ninclude common.fio\n\n[Read-Test-1]\nrw=randread\nbs=128M\niodepth=4\nsize=500G\n",
+    )
+    .unwrap();
+    let plan_path = dir.path().join("plan.toml");
+    std::fs::write(
+        &plan_path,
+        "duration = \"10s\"\n[[role]]\nname = \"datanode\"\nworkload = { jobfile = \"jobs/hadoop.fio\" }\n",
+    )
+    .unwrap();
+    let plan = load(&plan_path).unwrap_or_else(|e| panic!("{e}"));
+    let w = &plan.roles[0].workload;
+    assert_eq!(
+        w.source,
+        WorkloadSource::JobFile(dir.path().join("jobs/hadoop.fio"))
+    );
+    assert!(w.job_text.contains("ioengine=io_uring\n"));
+    assert!(!w.job_text.contains("\ninclude common.fio"));
+    assert!(w.job_text.contains("[Read-Test-1]\nrw=randread\n"));
+}
+
+#[test]
+fn job_file_problems_name_both_the_plan_line_and_the_job_file_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.toml");
+    let write_plan = |jobfile: &str| {
+        std::fs::write(
+            &plan_path,
+            format!("duration = \"10s\"\n[[role]]\nname = \"w\"\nworkload = {{ jobfile = \"{jobfile}\" }}\n"),
+        )
+        .unwrap()
+    };
+    let shown = |e: PlanError| {
+        assert_eq!(e.line(), 4, "{e}");
+        assert_eq!(e.field(), "role 'w': workload.jobfile", "{e}");
+        e.to_string()
+    };
+
+    write_plan("missing.fio");
+    let e = shown(load(&plan_path).unwrap_err());
+    assert!(
+        e.contains("cannot read") && e.contains("missing.fio"),
+        "{e}"
+    );
+
+    std::fs::write(
+        dir.path().join("seed.fio"),
+        "[global]\ndirect=1\n\n[t]\ndirectory=/ebs0\nrw=read\n",
+    )
+    .unwrap();
+    write_plan("seed.fio");
+    let e = shown(load(&plan_path).unwrap_err());
+    assert!(
+        e.contains("seed.fio:5: directory= is set by the agent"),
+        "{e}"
+    );
+
+    std::fs::write(dir.path().join("a.fio"), "include b.fio\n[a]\n").unwrap();
+    std::fs::write(dir.path().join("b.fio"), "; b\ninclude a.fio\n").unwrap();
+    write_plan("a.fio");
+    let e = shown(load(&plan_path).unwrap_err());
+    assert!(e.contains("b.fio:2: include a.fio makes a cycle"), "{e}");
+
+    std::fs::write(dir.path().join("g.fio"), "[global]\nrw=read\n").unwrap();
+    write_plan("g.fio");
+    let e = shown(load(&plan_path).unwrap_err());
+    assert!(e.contains("has no job section"), "{e}");
+}
+
+#[test]
+fn a_missing_plan_file_says_so() {
+    let e = load(Path::new("/nonexistent/plan.toml")).unwrap_err();
+    assert!(matches!(e, PlanError::Read { .. }));
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/plan.toml: cannot read the plan")
+    );
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
+
+#[test]
+fn the_examples_parse_and_resolve_on_local_agents() {
+    for (name, agents) in [
+        ("quickstart.toml", 4),
+        ("drill.toml", 4),
+        ("mixed-roles.toml", 4),
+    ] {
+        let path = example(name);
+        let plan = load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let a = resolve(&plan, &local(agents)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            a.volumes().count(),
+            agents,
+            "{name}: every local volume has work"
+        );
+        assert!(!a.faults.is_empty(), "{name} injects a fault");
+        for (_, v) in a.volumes() {
+            assert!(
+                v.job_text.contains('['),
+                "{name}: job text for {}",
+                v.volume.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_quickstart_is_a_minute_with_a_throttle_on_agent_3() {
+    let plan = load(&example("quickstart.toml")).unwrap();
+    let total = plan.run_length();
+    assert!(
+        total >= Duration::from_secs(40) && total <= Duration::from_secs(60),
+        "{total:?}"
+    );
+    let a = resolve(&plan, &local(4)).unwrap();
+    assert_eq!(a.faults.len(), 1);
+    assert_eq!(
+        a.faults[0].targets,
+        [VolumeRef {
+            agent: "agent-3".into(),
+            volume: "data".into()
+        }]
+    );
+    let roles: BTreeMap<&str, usize> = a.volumes().fold(BTreeMap::new(), |mut m, (_, v)| {
+        *m.entry(v.role.as_str()).or_default() += 1;
+        m
+    });
+    assert_eq!(roles.len(), 1, "one role over all agents");
+}
+
+#[test]
+fn the_mixed_roles_example_runs_different_workloads_per_role() {
+    let plan = load(&example("mixed-roles.toml")).unwrap();
+    let a = resolve(&plan, &local(4)).unwrap();
+    let mut texts: Vec<&str> = a.volumes().map(|(_, v)| v.job_text.as_str()).collect();
+    texts.sort();
+    texts.dedup();
+    assert!(texts.len() >= 2, "different job text per role");
+}
+
+#[test]
+fn the_agent_parser_refuses_bad_options_at_their_plan_line() {
+    let role = |workload: &str| format!("duration = \"1s\"\n[[role]]\nname = \"w\"\n{workload}\n");
+    // Inline: the error points at the option's own line.
+    parse_err(
+        &role("[role.workload.fio]\nrw = \"randrw\"\nbs = \"8k\"\niodepht = 16"),
+        7,
+        "role 'w': workload.fio.iodepht",
+        "option 'iodepht': unknown option",
+    );
+    parse_err(
+        &role("workload = { fio = { rw = \"randrw\", bs = \"8q\" } }"),
+        4,
+        "role 'w': workload.fio.bs",
+        "bs=8q",
+    );
+    // set: the error points at the overriding key.
+    parse_err(
+        &role("[role.workload]\nprofile = \"oltp-8k\"\n[role.workload.set]\nrwmixread = \"lots\""),
+        7,
+        "role 'w': workload.set.rwmixread",
+        "rwmixread=lots",
+    );
+    // A job file: the plan line of the jobfile key, and the job file's own line in the message.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.fio"),
+        "[global]\ndirect=1\n\n[t]\nrw=randread\nioengin=psync\n",
+    )
+    .unwrap();
+    let plan_path = dir.path().join("plan.toml");
+    std::fs::write(&plan_path, role("workload = { jobfile = \"bad.fio\" }")).unwrap();
+    let e = load(&plan_path).unwrap_err();
+    assert_eq!(
+        (e.line(), e.field()),
+        (4, "role 'w': workload.jobfile"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("bad.fio:6: option 'ioengin': unknown option"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_volume_rate_is_split_over_jobs_and_directions() {
+    let role = |fio: &str| {
+        format!(
+            "duration = \"1s\"\n[[role]]\nname = \"w\"\nrate_iops = 1000\nworkload = {{ fio = {{ {fio} }} }}\n"
+        )
+    };
+    let rate = |fio: &str| parse_ok(&role(fio)).roles[0].workload.overrides["rate_iops"].clone();
+    assert_eq!(rate("rw = \"randwrite\", bs = \"4k\""), ",1000");
+    assert_eq!(rate("rw = \"randread\", bs = \"4k\", numjobs = 4"), "250,");
+    assert_eq!(
+        rate("rw = \"randrw\", rwmixread = 70, bs = \"4k\", numjobs = 2"),
+        "350,150"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("two.fio"),
+        "[r]\nrw=randread\n[w]\nrw=randwrite\n",
+    )
+    .unwrap();
+    let plan_path = dir.path().join("plan.toml");
+    std::fs::write(
+        &plan_path,
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nrate_iops = 1000\nworkload = { jobfile = \"two.fio\" }\n",
+    )
+    .unwrap();
+    let e = load(&plan_path).unwrap_err();
+    assert_eq!((e.line(), e.field()), (4, "role 'w': rate_iops"), "{e}");
+    assert!(
+        e.to_string().contains("mix reads and writes differently"),
+        "{e}"
+    );
+}
+
+#[test]
+fn fault_payloads_are_checked_with_the_agents_fault_spec() {
+    let base = "duration = \"30s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n\
+                [[fault]]\nat = \"1s\"\ntarget = {}\n";
+    parse_err(
+        &format!("{base}kind = \"ebz\"\n"),
+        8,
+        "fault #1: kind",
+        "unknown variant `ebz`",
+    );
+    parse_err(
+        &format!("{base}kind = \"eio\"\nfraction = 0.1\nfration = 0.2\n"),
+        10,
+        "fault #1: fration",
+        "fration",
+    );
+    parse_err(
+        &format!(
+            "{base}kind = \"ebs\"\nvolume_type = \"gp2\"\nsize_gib = 60\nprovisioned_iops = 3000\n"
+        ),
+        11,
+        "fault #1: provisioned_iops",
+        "not allowed for gp2",
+    );
+    parse_err(
+        &format!("{base}kind = \"eio\"\nfraction = 2.0\n"),
+        9,
+        "fault #1: fraction",
+        "between 0 and 1",
+    );
+    parse_err(
+        &format!("{base}kind = \"iops_cap\"\n"),
+        8,
+        "fault #1: kind",
+        "at least one must be set",
+    );
+    let plan = parse_ok(&format!("{base}kind = \"iops_cap\"\ntotal = 200\n"));
+    assert_eq!(plan.faults[0].spec["total"], 200);
+}
