@@ -6,12 +6,28 @@
 //! - `clock`: clock offsets (lowest round trip wins) and the achieved start skew;
 //! - `merge`: interval reports into volume, node and cluster results, from merged histograms;
 //! - `results`: the one results structure of a run (`results.json`);
+//! - `client`: connecting to an agent (versions checked, clock probes);
+//! - `run`: a run on agents: prepare, synchronized start, streams, lost agents, abort;
+//! - `local`: `--local N`, agents as child processes on this machine;
+//! - `live`: the live view (progress bar, or log lines when not on a terminal);
+//! - `cli`: the `lockstep` commands behind `main.rs`;
+//! - `hlog`: the raw interval histograms in HdrHistogram's log format;
+//! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
+//! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
 pub mod chokepoint;
+pub mod cli;
+pub mod client;
 pub mod clock;
+pub mod hlog;
+pub mod live;
+pub mod local;
 pub mod merge;
 pub mod plan;
 pub mod profiles;
+pub mod report;
 pub mod results;
+pub mod run;
+pub mod scenario;
 pub mod timeline;

@@ -1,1 +1,76 @@
-fn main() {}
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use lockstep::cli::{self, RunArgs};
+
+/// lockstep: one storage benchmark across a whole cluster, started in lockstep, with the
+/// volume that holds the cluster back named.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a plan on agents (with --local N: N agents on this machine, no infrastructure).
+    Run {
+        plan: PathBuf,
+        /// Start N agents on this machine, each on its own directory.
+        #[arg(long, value_name = "N")]
+        local: Option<usize>,
+        /// Results directory (default: a new one under ./lockstep-runs/).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// An agent by address, in addition to the plan's [[agent]] list.
+        #[arg(long = "agent", value_name = "NAME=HOST:PORT", value_parser = parse_agent)]
+        agents: Vec<(String, String)>,
+        /// Token the agents require (or LOCKSTEP_TOKEN).
+        #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print results.json instead of the text report.
+        #[arg(long)]
+        json: bool,
+        /// Keep the files the agents created.
+        #[arg(long)]
+        keep_files: bool,
+        /// Exit non-zero when a chokepoint (a volume or node) is found.
+        #[arg(long)]
+        fail_on_chokepoint: bool,
+    },
+    /// Re-render a finished run from its results directory.
+    Report {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_agent(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((n, a)) if !n.is_empty() && !a.is_empty() => Ok((n.into(), a.into())),
+        _ => Err(format!("expected NAME=HOST:PORT, got '{s}'")),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOCKSTEP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Run { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint } => {
+            cli::run_command(RunArgs { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint })
+        }
+        Command::Report { dir, json } => cli::report_command(&dir, json),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("lockstep: error: {e:#}");
+        ExitCode::from(2)
+    })
+}

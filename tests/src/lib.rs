@@ -1,1 +1,106 @@
-//! End-to-end tests live in tests/tests/.
+//! Helpers for lockstep's end-to-end tests (in `tests/`): the built binaries, scratch
+//! directories on a real disk (O_DIRECT does not work on tmpfs), and child processes that are
+//! killed when a test ends, pass or fail.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The workspace's target directory (where `cargo build` put the binaries).
+pub fn target_dir() -> PathBuf {
+    if let Ok(t) = std::env::var("CARGO_TARGET_DIR") {
+        return PathBuf::from(t);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")
+}
+
+/// A binary of the workspace: the same profile as the tests first, then the other one.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    if let Some(profile_dir) = exe.parent().and_then(Path::parent) {
+        let p = profile_dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    for profile in ["debug", "release"] {
+        let p = target_dir().join(profile).join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("{name} is not built: run `cargo build --workspace --bins` first (the README's test command does)");
+}
+
+/// A scratch directory on the disk the repository is on (never tmpfs).
+pub fn scratch() -> tempfile::TempDir {
+    let base = target_dir().join("e2e-scratch");
+    std::fs::create_dir_all(&base).expect("creating the scratch base");
+    tempfile::Builder::new().prefix("t-").tempdir_in(base).expect("scratch dir")
+}
+
+/// A child process killed on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.pid(), sig);
+        }
+    }
+}
+
+/// Starts `lockstep-agent serve` on 127.0.0.1:0 with one volume `data` at `dir`; returns the
+/// process and its address.
+pub fn start_agent(name: &str, dir: &Path, extra: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(bin("lockstep-agent"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--name", name])
+        .arg("--volume")
+        .arg(format!("data={}", dir.display()))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning lockstep-agent");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("reading the agent's address");
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected agent output: {line}")).to_string();
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    (Proc(child), addr)
+}
+
+/// Waits for `f` to hold, polling, up to `limit`.
+pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    f()
+}
+
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

@@ -165,6 +165,7 @@ impl<E: VolumeEvents> IntervalSink for VolumeAggregator<E> {
         let mut st = self.state.lock().unwrap();
         if groupid == 0 && !st.started_sent {
             st.started_sent = true;
+            tracing::debug!(volume = %self.volume, at_ns = unix_ns(at), now_ns = unix_ns(SystemTime::now()), "io started");
             self.events.send(RunEvent {
                 event: Some(run_event::Event::Started(Started {
                     actual_start_agent_ns: unix_ns(at),

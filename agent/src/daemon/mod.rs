@@ -402,6 +402,7 @@ impl Agent for AgentService {
         drop(phase);
         let stream = hub.attach();
         let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
+        tracing::debug!(run = %req.run_id, start_at_ns = req.start_at_agent_ns, now_ns = unix_ns(SystemTime::now()), "start requested");
         let shared = self.shared.clone();
         std::thread::Builder::new()
             .name(format!("run-{}", req.run_id))

@@ -1,0 +1,384 @@
+//! The `lockstep` commands, called by `main.rs` after argument parsing.
+//!
+//! `run`: plan → agents (local children or given by address) → resolved assignment → run →
+//! results directory (results.json, fio.json, timeline.csv, intervals.hlog, report.txt) →
+//! report on stdout, exit code from objectives (and the chokepoint with --fail-on-chokepoint).
+//! `report`: re-renders a finished run from its directory.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::sync::watch;
+
+use crate::chokepoint::{self, AnalysisOptions, Verdict};
+use crate::hlog::HlogWriter;
+use crate::live::LiveView;
+use crate::local::LocalCluster;
+use crate::plan::{self, AgentInfo, Assignment, Plan, VolumeInfo};
+use crate::report;
+use crate::results::{ObjectiveResult, RunResults, RunStatus};
+use crate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
+use crate::timeline::VolumeModel;
+
+pub struct RunArgs {
+    pub plan: PathBuf,
+    pub local: Option<usize>,
+    pub output: Option<PathBuf>,
+    /// Extra agents `NAME=HOST:PORT` (added to the plan's `[[agent]]` list).
+    pub agents: Vec<(String, String)>,
+    pub token: Option<String>,
+    pub json: bool,
+    pub keep_files: bool,
+    pub fail_on_chokepoint: bool,
+}
+
+/// Exit codes: 0 all good; 1 an objective failed (or a chokepoint with --fail-on-chokepoint);
+/// 2 the run could not be done (bad plan, unreachable agent); 130 stopped with Ctrl-C.
+pub const EXIT_OBJECTIVE: u8 = 1;
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+fn default_output(plan: &Plan) -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    // UTC date-time without pulling in a date crate: days since epoch to a civil date.
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let (y, m, d) = civil_from_days(days);
+    let stamp = format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60);
+    let name: String = plan.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    PathBuf::from("lockstep-runs").join(format!("{stamp}-{name}"))
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian, UTC).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.join("results.json").exists() {
+        bail!("{} already holds a run's results; choose another --output", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating the results directory {}", dir.display()))
+}
+
+/// Asks each agent given by address who it is (hello), for resolving the plan against it.
+async fn discover(agents: &[(String, String, std::collections::BTreeMap<String, String>)], token: Option<&str>) -> anyhow::Result<Vec<AgentInfo>> {
+    let mut out = Vec::new();
+    for (name, address, plan_labels) in agents {
+        let c = crate::client::connect(name, address, token).await?;
+        let mut labels: std::collections::BTreeMap<String, String> = c.hello.labels.clone().into_iter().collect();
+        labels.extend(plan_labels.clone());
+        out.push(AgentInfo {
+            name: name.clone(),
+            address: address.clone(),
+            labels,
+            volumes: c
+                .hello
+                .volumes
+                .iter()
+                .map(|v| VolumeInfo {
+                    name: v.name.clone(),
+                    path: PathBuf::from(&v.path),
+                    size_bytes: v.size_bytes,
+                    kind: v.kind.clone(),
+                    provisioned_iops: (v.provisioned_iops > 0).then_some(v.provisioned_iops),
+                    provisioned_mib_s: (v.provisioned_mib_s > 0).then_some(v.provisioned_mib_s),
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Checks every fault payload with the agent's own `FaultSpec` before anything starts, so a
+/// typo in a plan is refused with its line rather than by an agent mid-run.
+fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
+    for f in &a.faults {
+        let json = f.fault.wire_json();
+        let spec: lockstep_agent::fault::FaultSpec = serde_json::from_str(&json)
+            .map_err(|e| anyhow::anyhow!("{}:{}: {}: {e}", plan.origin.display(), f.line, f.fault.label))?;
+        lockstep_agent::fault::validate_all(std::slice::from_ref(&spec))
+            .map_err(|e| anyhow::anyhow!("{}:{}: {}: {e}", plan.origin.display(), f.line, f.fault.label))?;
+    }
+    Ok(())
+}
+
+fn model_of(v: &VolumeInfo, faults: &[crate::plan::FaultAssignment]) -> Option<VolumeModel> {
+    // An emulated EBS volume is judged as that volume type.
+    for f in faults {
+        if f.kind == "ebs" {
+            let get = |k: &str| f.spec.get(k);
+            return Some(VolumeModel {
+                kind: get("volume_type").and_then(|x| x.as_str()).unwrap_or("").to_string(),
+                size_gib: get("size_gib").and_then(|x| x.as_f64()).unwrap_or(0.0),
+                provisioned_iops: get("provisioned_iops").and_then(|x| x.as_u64()),
+                provisioned_mib_s: get("provisioned_mib_s").and_then(|x| x.as_u64()),
+            });
+        }
+    }
+    (!v.kind.is_empty()).then(|| VolumeModel {
+        kind: v.kind.clone(),
+        size_gib: v.size_bytes as f64 / (1u64 << 30) as f64,
+        provisioned_iops: v.provisioned_iops,
+        provisioned_mib_s: v.provisioned_mib_s,
+    })
+}
+
+fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String>) -> RunSpec {
+    RunSpec {
+        run_id: run_id.to_string(),
+        plan_name: a.plan.clone(),
+        interval: a.interval,
+        phases: a
+            .phases
+            .iter()
+            .map(|p| PhaseSpec { name: p.name.clone(), start: p.start, duration: p.duration, measure: p.measure })
+            .collect(),
+        agents: a
+            .agents
+            .iter()
+            .map(|ag| AgentWork {
+                name: ag.agent.clone(),
+                address: ag.address.clone(),
+                volumes: ag
+                    .volumes
+                    .iter()
+                    .map(|v| VolumeWork {
+                        volume: v.volume.name.clone(),
+                        role: v.role.clone(),
+                        jobfile: v.job_text.clone(),
+                        overrides: v.overrides.clone(),
+                        faults_json: v.faults.iter().map(|f| f.wire_json()).collect(),
+                        model: model_of(&v.volume, &v.faults),
+                        target_iops: v.rate_iops.map(|r| r as f64),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        keep_files,
+        token,
+    }
+}
+
+/// Evaluates the plan's objectives on the results (latency from merged histograms).
+pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
+    use crate::plan::{Metric, Scope};
+    let lat_value = |s: &crate::results::Summary, dir: Option<lockstep_agent::job::Direction>, m: Metric| -> Option<f64> {
+        let d = match dir {
+            Some(lockstep_agent::job::Direction::Read) => &s.read,
+            Some(lockstep_agent::job::Direction::Write) => &s.write,
+            None => &s.total,
+        };
+        if d.ios == 0 {
+            return None;
+        }
+        let l = d.lat_intended.as_ref().unwrap_or(&d.lat);
+        Some(match m {
+            Metric::Percentile(p) => l.percentiles.get(&crate::results::percentile_key(p)).copied()? as f64,
+            Metric::Mean => l.mean_ns,
+            Metric::Max => l.max_ns as f64,
+            _ => return None,
+        })
+    };
+    // Lowest per-interval throughput of a set of volumes (summed per interval).
+    let min_rate = |vols: &[&crate::timeline::VolumeSeries], bytes: bool, dir: Option<lockstep_agent::job::Direction>| -> Option<f64> {
+        let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
+        for v in vols {
+            for p in &v.points {
+                let secs = p.len_ms.max(1) as f64 / 1000.0;
+                let pick = |a: [u64; 2]| match dir {
+                    Some(d) => a[d as usize],
+                    None => a[0] + a[1],
+                };
+                let x = if bytes { pick(p.bytes) } else { pick(p.ios) } as f64 / secs;
+                *per.entry(p.t_ms).or_default() += x;
+            }
+        }
+        per.values().copied().reduce(f64::min)
+    };
+    let fmt_value = |m: Metric, v: f64| -> String {
+        match m {
+            Metric::IopsMin => format!("{v:.0} IOPS"),
+            Metric::MbpsMin => format!("{:.1} MB/s", v / 1e6),
+            _ => format!("{:.3} ms", v / 1e6),
+        }
+    };
+    a.objectives
+        .iter()
+        .map(|o| {
+            let in_role = |role: &str| o.role.as_deref().is_none_or(|r| r == role);
+            let mut failures = Vec::new();
+            let mut check = |who: String, summary: &crate::results::Summary, series: Vec<&crate::timeline::VolumeSeries>| {
+                let value = match o.metric {
+                    Metric::IopsMin => min_rate(&series, false, o.direction),
+                    Metric::MbpsMin => min_rate(&series, true, o.direction),
+                    m => lat_value(summary, o.direction, m),
+                };
+                match value {
+                    Some(v) if !o.holds(v) => failures.push(format!("{who}: {} {}", o.metric, fmt_value(o.metric, v))),
+                    Some(_) => {}
+                    None => {}
+                }
+            };
+            match o.scope {
+                Scope::Volume => {
+                    for v in r.volumes.iter().filter(|v| in_role(&v.role)) {
+                        let s: Vec<_> = r.timeline.volumes.iter().filter(|s| s.node == v.node && s.volume == v.volume).collect();
+                        check(format!("{}/{}", v.node, v.volume), &v.summary, s);
+                    }
+                }
+                Scope::Node => {
+                    for n in &r.nodes {
+                        let s: Vec<_> = r.timeline.volumes.iter().filter(|s| s.node == n.node && in_role(&s.role)).collect();
+                        check(n.node.clone(), &n.summary, s);
+                    }
+                }
+                Scope::Cluster => {
+                    let s: Vec<_> = r.timeline.volumes.iter().filter(|s| in_role(&s.role)).collect();
+                    check("cluster".into(), &r.cluster, s);
+                }
+            }
+            ObjectiveResult { objective: o.to_string(), passed: failures.is_empty(), failures }
+        })
+        .collect()
+}
+
+pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let plan = plan::load(&args.plan)?;
+    let out_dir = args.output.clone().unwrap_or_else(|| default_output(&plan));
+    prepare_output_dir(&out_dir)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(run_async(args, plan, out_dir))
+}
+
+async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    let mut local = None;
+    let (infos, token) = if let Some(n) = args.local {
+        anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
+        let volumes_root = out_dir.join("volumes");
+        if !args.json {
+            eprintln!("lockstep: starting {n} local agents, volumes under {}", volumes_root.display());
+        }
+        let cluster = LocalCluster::start(n, &volumes_root, Duration::from_secs(5)).await?;
+        let infos = cluster
+            .agents
+            .iter()
+            .map(|a| AgentInfo {
+                name: a.name.clone(),
+                address: a.address.clone(),
+                labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
+                volumes: vec![VolumeInfo { name: "data".into(), path: a.dir.clone(), kind: "local".into(), ..Default::default() }],
+            })
+            .collect();
+        let token = Some(cluster.token.clone());
+        local = Some(cluster);
+        (infos, token)
+    } else {
+        let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> =
+            plan.agents.iter().map(|a| (a.name.clone(), a.address.clone(), a.labels.clone())).collect();
+        for (n, addr) in &args.agents {
+            list.push((n.clone(), addr.clone(), Default::default()));
+        }
+        anyhow::ensure!(!list.is_empty(), "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N", plan.origin.display());
+        (discover(&list, args.token.as_deref()).await?, args.token.clone())
+    };
+    let outcome = run_resolved(&args, &plan, &infos, token, &out_dir).await;
+    if let Some(c) = local {
+        c.shutdown().await;
+    }
+    outcome
+}
+
+async fn run_resolved(
+    args: &RunArgs,
+    plan: &Plan,
+    infos: &[AgentInfo],
+    token: Option<String>,
+    out_dir: &Path,
+) -> anyhow::Result<ExitCode> {
+    let assignment = plan::resolve(plan, infos)?;
+    check_faults(plan, &assignment)?;
+    let run_id = out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
+    let spec = run_spec(&run_id, &assignment, args.keep_files, token);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = stop_tx.send(true);
+        }
+    });
+    let hlog_path = out_dir.join("intervals.hlog");
+    let file = std::fs::File::create(&hlog_path).with_context(|| format!("creating {}", hlog_path.display()))?;
+    let mut hlog = Some(HlogWriter::new(std::io::BufWriter::new(file), crate::client::unix_ns() / 1_000_000)?);
+    let mut live = LiveView::new(assignment.run_length(), args.json);
+    let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
+    live.finish();
+    if let Some(h) = hlog.take() {
+        use std::io::Write;
+        h.into_inner().flush().context("writing intervals.hlog")?;
+    }
+    let output = outcome?;
+    let mut results = output.results;
+    results.objectives = evaluate_objectives(&assignment, &results);
+    let analysis = chokepoint::analyze(&results.timeline, &AnalysisOptions::default());
+    let text = chokepoint::render_text(&analysis);
+    let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
+    let mut value = serde_json::to_value(&analysis)?;
+    if let Some(o) = value.as_object_mut() {
+        o.insert("text".into(), serde_json::Value::String(text));
+    }
+    results.chokepoint = Some(value);
+    report::write_run_dir(out_dir, &results).with_context(|| format!("writing results to {}", out_dir.display()))?;
+    let fio = report::fio::document(&results, &output.finals);
+    report::write_atomically(&out_dir.join("fio.json"), serde_json::to_string_pretty(&fio)?.as_bytes())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print!("{}", report::text::render(&results));
+    }
+    eprintln!("lockstep: results in {}", out_dir.display());
+    Ok(exit_code(&results, blamed && args.fail_on_chokepoint))
+}
+
+fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {
+    if r.status == RunStatus::Aborted {
+        ExitCode::from(EXIT_INTERRUPTED)
+    } else if r.objectives_failed() || chokepoint_fails {
+        ExitCode::from(EXIT_OBJECTIVE)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `lockstep report DIR`: re-renders a finished run.
+pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let r = report::read_run_dir(dir).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", report::text::render(&r));
+    }
+    Ok(if r.objectives_failed() { ExitCode::from(EXIT_OBJECTIVE) } else { ExitCode::SUCCESS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_779), (2026, 11, 22));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

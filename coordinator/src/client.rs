@@ -1,0 +1,128 @@
+//! Talking to one agent: connect, handshake (versions checked), clock probes.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockstep_proto::v1::agent_client::AgentClient;
+use lockstep_proto::v1::{ClockProbeRequest, HelloReply, HelloRequest};
+use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::clock::{self, ClockEstimate, Probe};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("agent '{agent}' at {address}: cannot connect: {source}")]
+    Connect { agent: String, address: String, source: tonic::transport::Error },
+    #[error("agent '{agent}' at {address}: {message}")]
+    Call { agent: String, address: String, message: String },
+    #[error("agent '{agent}' at {address}: {0}", .message)]
+    Version { agent: String, address: String, message: String },
+}
+
+/// Adds the shared token to every call.
+#[derive(Clone)]
+pub struct Token(pub Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Token {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Client = AgentClient<tonic::service::interceptor::InterceptedService<Channel, Token>>;
+
+pub fn unix_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+/// A connected, version-checked agent.
+pub struct Connected {
+    pub name: String,
+    pub address: String,
+    pub client: Client,
+    pub hello: HelloReply,
+}
+
+fn call_err(agent: &str, address: &str, s: tonic::Status) -> ClientError {
+    let message = match s.code() {
+        tonic::Code::Unauthenticated => {
+            "refused the token (give the agent's token with --token or LOCKSTEP_TOKEN)".to_string()
+        }
+        tonic::Code::Unavailable => format!("unreachable ({})", s.message()),
+        _ => s.message().to_string(),
+    };
+    ClientError::Call { agent: agent.into(), address: address.into(), message }
+}
+
+/// Connects with keepalive pings (a paused or dead agent is noticed within seconds even when no
+/// interval is due) and says hello; a version mismatch is a refusal naming both versions.
+pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<Connected, ClientError> {
+    let url = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+    let endpoint = Endpoint::from_shared(url).map_err(|e| ClientError::Connect {
+        agent: name.into(),
+        address: address.into(),
+        source: e,
+    })?;
+    let channel = endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(3))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|source| ClientError::Connect { agent: name.into(), address: address.into(), source })?;
+    let token = Token(token.and_then(|t| MetadataValue::try_from(format!("Bearer {t}")).ok()));
+    let mut client = AgentClient::with_interceptor(channel, token)
+        .max_decoding_message_size(256 << 20);
+    let hello = client
+        .hello(HelloRequest {
+            protocol_version: PROTOCOL_VERSION,
+            coordinator_version: env!("CARGO_PKG_VERSION").into(),
+        })
+        .await
+        .map_err(|s| {
+            if s.code() == tonic::Code::FailedPrecondition && s.message().contains("protocol version") {
+                ClientError::Version { agent: name.into(), address: address.into(), message: s.message().into() }
+            } else {
+                call_err(name, address, s)
+            }
+        })?
+        .into_inner();
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(ClientError::Version {
+            agent: name.into(),
+            address: address.into(),
+            message: version_mismatch(PROTOCOL_VERSION, hello.protocol_version, "coordinator"),
+        });
+    }
+    Ok(Connected { name: name.into(), address: address.into(), client, hello })
+}
+
+impl Connected {
+    /// `n` clock probes, back to back; the lowest round trip wins.
+    pub async fn probe_clock(&mut self, n: usize) -> Result<ClockEstimate, ClientError> {
+        let mut probes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = unix_ns();
+            let r = self
+                .client
+                .clock_probe(ClockProbeRequest { protocol_version: PROTOCOL_VERSION })
+                .await
+                .map_err(|s| call_err(&self.name, &self.address, s))?
+                .into_inner();
+            let t1 = unix_ns();
+            probes.push(Probe { t0, agent_ns: r.agent_unix_ns, t1 });
+        }
+        Ok(clock::estimate(&probes).expect("at least one probe"))
+    }
+
+    pub fn err(&self, s: tonic::Status) -> ClientError {
+        call_err(&self.name, &self.address, s)
+    }
+}

@@ -1,0 +1,124 @@
+//! `--local N`: N agents on this machine as child processes, each with its own directory as
+//! volume "data". The embedded default for trying lockstep with no infrastructure.
+//!
+//! Children are started with a token only they and we know, listen on 127.0.0.1 port 0 and
+//! print their address; they are killed if the coordinator goes away (kill on drop, and each
+//! agent stops its own IO after its grace period when its coordinator disappears).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("cannot find the lockstep-agent binary next to {0} (build it with `cargo build --release`, or set LOCKSTEP_AGENT_BIN)")]
+    NoAgentBinary(PathBuf),
+    #[error("creating {path}: {source}")]
+    Dir { path: PathBuf, source: std::io::Error },
+    #[error("starting local agent {name}: {message}")]
+    Spawn { name: String, message: String },
+}
+
+pub struct LocalAgent {
+    pub name: String,
+    pub address: String,
+    pub dir: PathBuf,
+    child: Child,
+}
+
+pub struct LocalCluster {
+    pub agents: Vec<LocalAgent>,
+    pub token: String,
+    root: PathBuf,
+}
+
+/// The agent binary: `LOCKSTEP_AGENT_BIN`, or `lockstep-agent` beside this executable (cargo
+/// puts both in the same target directory; an install puts both in the same bin directory).
+pub fn agent_binary() -> Result<PathBuf, LocalError> {
+    if let Ok(p) = std::env::var("LOCKSTEP_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe().unwrap_or_default();
+    let dir = me.parent().map(Path::to_path_buf).unwrap_or_default();
+    for candidate in [dir.join("lockstep-agent"), dir.join("../lockstep-agent")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(LocalError::NoAgentBinary(me))
+}
+
+fn random_token() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl LocalCluster {
+    /// Starts `n` agents with volume directories under `root` (created, and removed on drop).
+    pub async fn start(n: usize, root: &Path, grace: Duration) -> Result<Self, LocalError> {
+        let bin = agent_binary()?;
+        let token = random_token();
+        let mut agents = Vec::with_capacity(n);
+        for i in 1..=n {
+            let name = format!("agent-{i}");
+            let dir = root.join(&name);
+            std::fs::create_dir_all(&dir).map_err(|source| LocalError::Dir { path: dir.clone(), source })?;
+            let mut child = Command::new(&bin)
+                .arg("serve")
+                .args(["--listen", "127.0.0.1:0", "--name", &name])
+                .arg("--volume")
+                .arg(format!("data={}", dir.display()))
+                .args(["--label", &format!("node={name}")])
+                .args(["--grace", &format!("{}ms", grace.as_millis())])
+                .env("LOCKSTEP_TOKEN", &token)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| LocalError::Spawn { name: name.clone(), message: format!("{}: {e}", bin.display()) })?;
+            let stdout = child.stdout.take().expect("piped stdout");
+            let mut lines = BufReader::new(stdout).lines();
+            let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+                .await
+                .map_err(|_| LocalError::Spawn { name: name.clone(), message: "did not report its address within 10 s".into() })?
+                .map_err(|e| LocalError::Spawn { name: name.clone(), message: e.to_string() })?
+                .ok_or_else(|| LocalError::Spawn { name: name.clone(), message: "exited before listening".into() })?;
+            let address = line
+                .strip_prefix("listening on ")
+                .ok_or_else(|| LocalError::Spawn { name: name.clone(), message: format!("unexpected output '{line}'") })?
+                .trim()
+                .to_string();
+            // Keep draining stdout so the child never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            agents.push(LocalAgent { name, address, dir, child });
+        }
+        Ok(LocalCluster { agents, token, root: root.to_path_buf() })
+    }
+
+    /// Kills agent `name` (for tests and demos of a lost agent).
+    pub async fn kill(&mut self, name: &str) {
+        if let Some(a) = self.agents.iter_mut().find(|a| a.name == name) {
+            let _ = a.child.kill().await;
+        }
+    }
+
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.agents.iter().find(|a| a.name == name).and_then(|a| a.child.id())
+    }
+
+    /// Stops every agent and removes the volume directories.
+    pub async fn shutdown(mut self) {
+        for a in &mut self.agents {
+            let _ = a.child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}

@@ -1,0 +1,244 @@
+//! Cluster runs with real agent processes on loopback: merging, the raw histograms, lost
+//! agents, Ctrl-C, and an agent that loses its coordinator.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lockstep::hlog;
+use lockstep_proto::histogram::SparseHistogram;
+use lockstep_tests::{Proc, bin, read_json, scratch, start_agent, wait_for};
+
+fn write_plan(dir: &Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("plan.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+const SMALL: &str = r#"
+name = "e2e"
+duration = "4s"
+interval = "1s"
+
+[[role]]
+name = "w"
+[role.workload.fio]
+rw = "randrw"
+rwmixread = 70
+bs = "4k"
+iodepth = 2
+size = "8m"
+"#;
+
+#[test]
+fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
+    let dir = scratch();
+    let plan = write_plan(dir.path(), SMALL);
+    let out = dir.path().join("run");
+    let status = Command::new(bin("lockstep"))
+        .args(["run", "--local", "3"])
+        .arg(&plan)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "lockstep run failed: {status}");
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "completed");
+    let vols = r["volumes"].as_array().unwrap();
+    assert_eq!(vols.len(), 3);
+    // Every volume's latency percentiles equal those recomputed from intervals.hlog.
+    let entries = hlog::read(&out.join("intervals.hlog")).unwrap();
+    assert!(!entries.is_empty());
+    let mut per: BTreeMap<String, SparseHistogram> = BTreeMap::new();
+    let mut cluster: Option<SparseHistogram> = None;
+    for e in &entries {
+        let parts: Vec<&str> = e.tag.split('/').collect();
+        if parts[3] != "lat" || parts[2] != "read" {
+            continue;
+        }
+        let key = format!("{}/{}", parts[0], parts[1]);
+        match per.get_mut(&key) {
+            Some(h) => h.merge(&e.histogram).unwrap(),
+            None => {
+                per.insert(key, e.histogram.clone());
+            }
+        }
+        match cluster.as_mut() {
+            Some(h) => h.merge(&e.histogram).unwrap(),
+            None => cluster = Some(e.histogram.clone()),
+        }
+    }
+    for v in vols {
+        let key = format!("{}/{}", v["node"].as_str().unwrap(), v["volume"].as_str().unwrap());
+        let h = &per[&key];
+        let lat = &v["summary"]["read"]["lat"];
+        assert_eq!(lat["n"].as_u64().unwrap(), h.len(), "{key}");
+        for p in ["50.000000", "99.000000", "99.900000"] {
+            let want = h.value_at_percentile(p.parse().unwrap());
+            assert_eq!(lat["percentiles"][p].as_u64().unwrap(), want, "{key} p{p}");
+        }
+        assert!(v["summary"]["read"]["iops"].as_f64().unwrap() > 0.0);
+    }
+    let c = cluster.unwrap();
+    assert_eq!(r["cluster"]["read"]["lat"]["percentiles"]["99.000000"].as_u64().unwrap(), c.value_at_percentile(99.0));
+    // The start skew is measured and reported, with each agent's clock offset.
+    assert!(r["start_skew_ns"].as_i64().is_some());
+    assert!(r["agents"].as_array().unwrap().iter().all(|a| a["clock"]["rtt_ns"].as_i64().unwrap() > 0));
+    // fio-compatible export: one client_stats entry per agent job and "All clients".
+    let fio = read_json(&out.join("fio.json"));
+    let cs = fio["client_stats"].as_array().unwrap();
+    assert_eq!(cs.last().unwrap()["jobname"], "All clients");
+    assert!(cs.iter().any(|j| j["hostname"] == "agent-2"));
+    assert_eq!(
+        cs.last().unwrap()["read"]["total_ios"].as_u64().unwrap(),
+        r["cluster"]["read"]["ios"].as_u64().unwrap()
+    );
+    let csv = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
+    assert!(csv.lines().count() > 3 * 3, "{csv}");
+    // The local volumes were removed with the agents.
+    assert!(!out.join("volumes").exists());
+    // `lockstep report` re-renders the run.
+    let o = Command::new(bin("lockstep")).arg("report").arg(&out).output().unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("agent-3/data"));
+}
+
+fn agents_plan(agents: &[(&str, &str)], duration: &str) -> String {
+    let mut s = format!("name = \"kill\"\nduration = \"{duration}\"\ninterval = \"1s\"\n");
+    for (n, a) in agents {
+        s += &format!("\n[[agent]]\nname = \"{n}\"\naddress = \"{a}\"\n");
+    }
+    s += "\n[[role]]\nname = \"w\"\n[role.workload.fio]\nrw = \"randread\"\nbs = \"4k\"\niodepth = 2\nsize = \"8m\"\n";
+    s
+}
+
+#[test]
+fn an_agent_killed_mid_run_is_reported_lost_and_the_others_finish() {
+    let dir = scratch();
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 1..=3 {
+        let d = dir.path().join(format!("v{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let (p, a) = start_agent(&format!("a{i}"), &d, &[]);
+        procs.push(p);
+        addrs.push(a);
+    }
+    let names = ["a1", "a2", "a3"];
+    let list: Vec<(&str, &str)> = names.iter().copied().zip(addrs.iter().map(String::as_str)).collect();
+    let plan = write_plan(dir.path(), &agents_plan(&list, "8s"));
+    let out = dir.path().join("run");
+    let run = Proc(
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(&plan)
+            .arg("--output")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    procs[1].signal(libc::SIGKILL);
+    let mut run = run;
+    let status = run.0.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "partial");
+    let agents = r["agents"].as_array().unwrap();
+    let a2 = agents.iter().find(|a| a["name"] == "a2").unwrap();
+    assert_eq!(a2["state"]["state"], "lost", "{a2}");
+    let at = a2["state"]["at_ms"].as_u64().unwrap();
+    assert!((2000..8000).contains(&at), "lost at {at} ms");
+    for n in ["a1", "a3"] {
+        let a = agents.iter().find(|a| a["name"] == n).unwrap();
+        assert_eq!(a["state"]["state"], "finished", "{a}");
+    }
+    let v2 = r["volumes"].as_array().unwrap().iter().find(|v| v["node"] == "a2").unwrap().clone();
+    assert_eq!(v2["lost_at_ms"].as_u64(), Some(at));
+    let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
+    assert!(text.contains("LOST"), "{text}");
+}
+
+#[test]
+fn ctrl_c_aborts_every_agent_and_keeps_partial_results() {
+    let dir = scratch();
+    let d = dir.path().join("v1");
+    std::fs::create_dir_all(&d).unwrap();
+    let (_agent, addr) = start_agent("a1", &d, &[]);
+    let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "60s"));
+    let out = dir.path().join("run");
+    let mut run = Proc(
+        Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(&out).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    run.signal(libc::SIGINT);
+    let status = run.0.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "aborted");
+    assert!(r["volumes"][0]["summary"]["read"]["ios"].as_u64().unwrap() > 0);
+    assert!(r["duration_ms"].as_u64().unwrap() < 20_000);
+    // The agent stopped its IO and removed its files.
+    assert!(wait_for(Duration::from_secs(5), || std::fs::read_dir(&d).unwrap().next().is_none()));
+}
+
+#[test]
+fn an_agent_that_loses_its_coordinator_stops_its_io_after_the_grace_period() {
+    let dir = scratch();
+    let d = dir.path().join("v1");
+    std::fs::create_dir_all(&d).unwrap();
+    let (_agent, addr) = start_agent("a1", &d, &["--grace", "1s"]);
+    let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "120s"));
+    let out = dir.path().join("run");
+    let mut run = Proc(
+        Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(&out).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    // Running: the agent's work file exists.
+    assert!(wait_for(Duration::from_secs(10), || std::fs::read_dir(&d).unwrap().next().is_some()));
+    std::thread::sleep(Duration::from_secs(2));
+    run.signal(libc::SIGKILL);
+    let _ = run.0.wait();
+    // Keepalive notices within ~4 s, then 1 s of grace: the run stops and its files go.
+    assert!(
+        wait_for(Duration::from_secs(15), || std::fs::read_dir(&d).unwrap().next().is_none()),
+        "the agent kept running without a coordinator"
+    );
+    // And it is idle again: a new coordinator may use it.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let idle = wait_for(Duration::from_secs(5), || {
+        rt.block_on(async { lockstep::client::connect("a1", &addr, None).await.unwrap().hello.busy_with_run.is_empty() })
+    });
+    assert!(idle, "the agent still claims a run after stopping it");
+}
+
+#[test]
+fn wrong_token_and_bad_plans_are_refused_before_any_io() {
+    let dir = scratch();
+    let d = dir.path().join("v1");
+    std::fs::create_dir_all(&d).unwrap();
+    let (_agent, addr) = start_agent("a1", &d, &["--token", "s3cret"]);
+    let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "5s"));
+    let o = Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(dir.path().join("r1")).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("token"), "{err}");
+    // An unknown volume in the plan names the plan line.
+    let bad = agents_plan(&[("a1", &addr)], "5s").replace("[[role]]\nname = \"w\"\n", "[[role]]\nname = \"w\"\nvolumes = [\"nope\"]\n");
+    let plan = write_plan(dir.path(), &bad);
+    let o = Command::new(bin("lockstep"))
+        .arg("run")
+        .arg(&plan)
+        .args(["--token", "s3cret", "--output"])
+        .arg(dir.path().join("r2"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("plan.toml:") && err.contains("nope"), "{err}");
+    assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "files were created despite the refusal");
+}
