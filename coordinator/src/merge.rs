@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lockstep_proto::histogram::{HistogramCodecError, SparseHistogram};
+use lockstep_proto::histogram::{Geometry, HistogramCodecError, SparseHistogram};
 use lockstep_proto::v1::{DirInterval, VolumeInterval};
 
 use crate::results::{ClusterPoint, DirSummary, LatSummary, NodeResult, Summary, VolumeResult};
@@ -109,6 +109,9 @@ struct VolumeAcc {
     intervals: u64,
 }
 
+/// The cluster at one interval. While an interval is still arriving its latency counts are
+/// kept dense (adding a volume is then a pass over that volume's buckets only); two intervals
+/// later it is closed into the sparse form, and the rare late report merges into that.
 #[derive(Default)]
 struct ClusterInterval {
     t_ms: u64,
@@ -116,8 +119,40 @@ struct ClusterInterval {
     ios: u64,
     bytes: u64,
     errors: u64,
+    dense: Vec<u64>,
+    geometry: Option<Geometry>,
     lat: Option<SparseHistogram>,
     volumes: u32,
+}
+
+impl ClusterInterval {
+    fn add(&mut self, h: &SparseHistogram) -> Result<(), HistogramCodecError> {
+        match &mut self.lat {
+            Some(s) => s.merge(h),
+            None => {
+                self.geometry.get_or_insert(h.geometry);
+                h.add_to_dense(&mut self.dense);
+                Ok(())
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if self.lat.is_none() {
+            if let Some(g) = self.geometry {
+                self.lat = Some(SparseHistogram::from_counts(g, &self.dense));
+            }
+            self.dense = Vec::new();
+        }
+    }
+
+    fn histogram(&self) -> Option<SparseHistogram> {
+        match (&self.lat, self.geometry) {
+            (Some(s), _) => Some(s.clone()),
+            (None, Some(g)) => Some(SparseHistogram::from_counts(g, &self.dense)),
+            _ => None,
+        }
+    }
 }
 
 /// The latency a volume is judged by: from the intended issue time in open-loop mode (what a
@@ -128,9 +163,13 @@ fn judged(d: &DirAcc) -> Option<&SparseHistogram> {
 
 pub struct Merger {
     interval_ms: u64,
-    index: HashMap<(String, String), usize>,
+    /// agent -> (volume, index into `volumes`): looked up without allocating per report.
+    index: HashMap<String, Vec<(String, usize)>>,
     volumes: Vec<VolumeAcc>,
     cluster: BTreeMap<u64, ClusterInterval>,
+    newest: Option<u64>,
+    /// Cluster intervals below this index are closed (sparse).
+    closed_below: u64,
 }
 
 impl Merger {
@@ -138,7 +177,7 @@ impl Merger {
         let mut index = HashMap::new();
         let mut accs = Vec::new();
         for v in volumes {
-            index.insert((v.node.clone(), v.volume.clone()), accs.len());
+            index.entry(v.node.clone()).or_insert_with(Vec::new).push((v.volume.clone(), accs.len()));
             accs.push(VolumeAcc {
                 series: VolumeSeries {
                     node: v.node.clone(),
@@ -155,7 +194,7 @@ impl Merger {
                 intervals: 0,
             });
         }
-        Merger { interval_ms, index, volumes: accs, cluster: BTreeMap::new() }
+        Merger { interval_ms, index, volumes: accs, cluster: BTreeMap::new(), newest: None, closed_below: 0 }
     }
 
     /// Takes one volume's interval `index` from `agent`. `t_ms` is the nominal end of the
@@ -173,17 +212,15 @@ impl Merger {
             index,
             source,
         };
-        let &vix = self.index.get(&(agent.to_string(), vi.volume.clone())).ok_or_else(|| {
-            MergeError::UnknownVolume { agent: agent.into(), volume: vi.volume.clone(), index }
+        let vix = self.lookup(agent, &vi.volume).ok_or_else(|| MergeError::UnknownVolume {
+            agent: agent.into(),
+            volume: vi.volume.clone(),
+            index,
         })?;
         let dirs: Dirs = [decode_dir(vi.read.as_ref()).map_err(err)?, decode_dir(vi.write.as_ref()).map_err(err)?];
-        // Both directions together, for the point and the cluster interval.
-        let mut both: Option<SparseHistogram> = None;
-        for d in &dirs {
-            if let Some(h) = judged(d) {
-                merge_into(&mut both, h).map_err(err)?;
-            }
-        }
+        // Both directions together, for the point (walked together, never built).
+        let parts: Vec<&SparseHistogram> = dirs.iter().filter_map(judged).collect();
+        let u = SparseHistogram::union_stats(&parts, &[0.5, 0.99]);
         let t_ms = (index + 1) * self.interval_ms;
         let us = |ns: u64| ns as f64 / 1000.0;
         let point = VolumePoint {
@@ -193,10 +230,10 @@ impl Merger {
             bytes: [dirs[0].bytes, dirs[1].bytes],
             errors: [dirs[0].errors, dirs[1].errors],
             outstanding: vi.outstanding,
-            lat_mean_us: both.as_ref().map_or(0.0, |h| h.mean() / 1000.0),
-            lat_p50_us: both.as_ref().map_or(0.0, |h| us(h.value_at_quantile(0.5))),
-            lat_p99_us: both.as_ref().map_or(0.0, |h| us(h.value_at_quantile(0.99))),
-            lat_max_us: both.as_ref().map_or(0.0, |h| us(h.max())),
+            lat_mean_us: u.mean / 1000.0,
+            lat_p50_us: us(u.quantiles[0]),
+            lat_p99_us: us(u.quantiles[1]),
+            lat_max_us: us(u.max),
         };
         let acc = &mut self.volumes[vix];
         acc.series.configured_depth = vi.configured_depth;
@@ -212,10 +249,22 @@ impl Merger {
         c.bytes += point.bytes[0] + point.bytes[1];
         c.errors += point.errors[0] + point.errors[1];
         c.volumes += 1;
-        if let Some(h) = &both {
-            merge_into(&mut c.lat, h).map_err(err)?;
+        for h in &parts {
+            c.add(h).map_err(err)?;
+        }
+        // Intervals two behind the newest are complete: close them into the sparse form.
+        if self.newest.is_none_or(|n| index > n) {
+            self.newest = Some(index);
+            for (_, c) in self.cluster.range_mut(self.closed_below..index.saturating_sub(1)) {
+                c.close();
+            }
+            self.closed_below = self.closed_below.max(index.saturating_sub(1));
         }
         Ok(point)
+    }
+
+    fn lookup(&self, agent: &str, volume: &str) -> Option<usize> {
+        self.index.get(agent)?.iter().find(|(v, _)| v == volume).map(|&(_, i)| i)
     }
 
     /// Marks every volume of `agent` lost at `at_ms` (its later intervals are missing).
@@ -229,7 +278,8 @@ impl Merger {
     pub fn cluster_point(&self, index: u64) -> Option<ClusterPoint> {
         self.cluster.get(&index).map(|c| {
             let secs = (c.len_ms.max(1)) as f64 / 1000.0;
-            let q = |q: f64| c.lat.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0);
+            let h = c.histogram();
+            let q = |q: f64| h.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0);
             ClusterPoint {
                 t_ms: c.t_ms,
                 iops: c.ios as f64 / secs,
@@ -299,7 +349,7 @@ impl Merger {
 
     /// Per-volume total histograms of the judged latency (read and write merged), for checks.
     pub fn volume_histogram(&self, node: &str, volume: &str) -> Option<SparseHistogram> {
-        let &i = self.index.get(&(node.to_string(), volume.to_string()))?;
+        let i = self.lookup(node, volume)?;
         let mut both = None;
         for d in &self.volumes[i].total {
             if let Some(h) = judged(d) {

@@ -196,6 +196,9 @@ pub struct RunResults {
     pub nodes: Vec<NodeResult>,
     pub volumes: Vec<VolumeResult>,
     pub cluster_timeline: Vec<ClusterPoint>,
+    /// Per volume and interval. Written to `timeline.json`, not `results.json`: at 1,000
+    /// agents x 8 volumes x 1 h it is gigabytes, and re-rendering a report must not read it.
+    #[serde(skip)]
     pub timeline: Timeline,
     pub objectives: Vec<ObjectiveResult>,
     #[serde(default)]

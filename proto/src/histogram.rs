@@ -152,7 +152,7 @@ impl SparseHistogram {
         let high = be64(v2, 24)?;
         let geometry = Geometry::new(low, high, sigfig)?;
         let payload = v2.get(40..40 + payload_len).ok_or_else(|| bad("truncated counts"))?;
-        let mut buckets = Vec::new();
+        let mut buckets = Vec::with_capacity(payload.len() / 2);
         let mut total = 0u64;
         let mut index: i64 = 0;
         let mut at = 0;
@@ -224,31 +224,149 @@ impl SparseHistogram {
                 self.geometry, other.geometry
             )));
         }
-        let (a, b) = (&self.buckets, &other.buckets);
-        let mut out = Vec::with_capacity(a.len() + b.len());
-        let (mut i, mut j) = (0, 0);
-        while i < a.len() && j < b.len() {
-            match a[i].0.cmp(&b[j].0) {
-                std::cmp::Ordering::Less => {
-                    out.push(a[i]);
-                    i += 1;
+        // A volume's total histogram soon holds every bucket its intervals use, so merging an
+        // interval into it is mostly adding to buckets that exist: find them by binary search
+        // and add in place, and only fall back to a full merge for the few new buckets.
+        if other.buckets.len() * 8 < self.buckets.len() {
+            let mut new = Vec::new();
+            for &(i, c) in &other.buckets {
+                match self.buckets.binary_search_by_key(&i, |&(j, _)| j) {
+                    Ok(at) => self.buckets[at].1 += c,
+                    Err(_) => new.push((i, c)),
                 }
-                std::cmp::Ordering::Greater => {
-                    out.push(b[j]);
+            }
+            self.total += other.total;
+            if !new.is_empty() {
+                let total = self.total;
+                let added = SparseHistogram { geometry: self.geometry, buckets: new, total: 0 };
+                self.merge_sorted(&added);
+                self.total = total;
+            }
+            return Ok(());
+        }
+        self.merge_sorted(other);
+        self.total += other.total;
+        Ok(())
+    }
+
+    /// Merges two sorted bucket lists in place (counts of equal buckets add); `total` is left
+    /// to the caller. One pass counts the buckets `other` adds; with none, counts are added in
+    /// place; otherwise the list grows once and is merged from the back, so nothing is
+    /// allocated per merge beyond that growth.
+    fn merge_sorted(&mut self, other: &SparseHistogram) {
+        let b = &other.buckets;
+        let a_len = self.buckets.len();
+        let mut new = 0;
+        {
+            let a = &self.buckets;
+            let (mut i, mut j) = (0, 0);
+            while j < b.len() {
+                if i < a_len && a[i].0 < b[j].0 {
+                    i += 1;
+                } else if i < a_len && a[i].0 == b[j].0 {
+                    i += 1;
                     j += 1;
-                }
-                std::cmp::Ordering::Equal => {
-                    out.push((a[i].0, a[i].1 + b[j].1));
-                    i += 1;
+                } else {
+                    new += 1;
                     j += 1;
                 }
             }
         }
-        out.extend_from_slice(&a[i..]);
-        out.extend_from_slice(&b[j..]);
-        self.buckets = out;
-        self.total += other.total;
-        Ok(())
+        let a = &mut self.buckets;
+        if new == 0 {
+            let mut i = 0;
+            for &(idx, c) in b {
+                while a[i].0 < idx {
+                    i += 1;
+                }
+                a[i].1 += c;
+            }
+            return;
+        }
+        a.resize(a_len + new, (0, 0));
+        let (mut i, mut j, mut k) = (a_len, b.len(), a_len + new);
+        while j > 0 {
+            k -= 1;
+            if i > 0 && a[i - 1].0 > b[j - 1].0 {
+                a[k] = a[i - 1];
+                i -= 1;
+            } else if i > 0 && a[i - 1].0 == b[j - 1].0 {
+                a[k] = (b[j - 1].0, a[i - 1].1 + b[j - 1].1);
+                i -= 1;
+                j -= 1;
+            } else {
+                a[k] = b[j - 1];
+                j -= 1;
+            }
+        }
+    }
+
+    /// Adds the counts into a dense counts array indexed like HdrHistogram's (grown as needed):
+    /// the cheapest way to merge many histograms into one that is finished later.
+    pub fn add_to_dense(&self, dense: &mut Vec<u64>) {
+        if let Some(&(last, _)) = self.buckets.last() {
+            if dense.len() <= last as usize {
+                dense.resize(last as usize + 1, 0);
+            }
+        }
+        for &(i, c) in &self.buckets {
+            dense[i as usize] += c;
+        }
+    }
+
+    /// The sparse form of a dense counts array built with `add_to_dense`.
+    pub fn from_counts(geometry: Geometry, dense: &[u64]) -> Self {
+        let mut buckets = Vec::new();
+        let mut total = 0;
+        for (i, &c) in dense.iter().enumerate() {
+            if c > 0 {
+                buckets.push((i as u32, c));
+                total += c;
+            }
+        }
+        SparseHistogram { geometry, buckets, total }
+    }
+
+    /// Quantiles, mean and max of the union of several histograms of one geometry, without
+    /// building it (for per-interval figures of read and write together). `qs` ascending.
+    pub fn union_stats(parts: &[&SparseHistogram], qs: &[f64]) -> UnionStats {
+        let total: u64 = parts.iter().map(|p| p.total).sum();
+        let mut out = UnionStats { count: total, quantiles: vec![0; qs.len()], mean: 0.0, max: 0 };
+        let Some(g) = parts.iter().find(|p| p.total > 0).map(|p| p.geometry) else { return out };
+        let mut pos = vec![0usize; parts.len()];
+        let targets: Vec<u64> = qs.iter().map(|&q| ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1)).collect();
+        let (mut acc, mut next_q, mut sum) = (0u64, 0usize, 0f64);
+        loop {
+            // The smallest current bucket index over the parts, with its summed count.
+            let mut idx = u32::MAX;
+            for (k, p) in parts.iter().enumerate() {
+                if let Some(&(i, _)) = p.buckets.get(pos[k]) {
+                    idx = idx.min(i);
+                }
+            }
+            if idx == u32::MAX {
+                break;
+            }
+            let mut c = 0;
+            for (k, p) in parts.iter().enumerate() {
+                if let Some(&(i, n)) = p.buckets.get(pos[k]) {
+                    if i == idx {
+                        c += n;
+                        pos[k] += 1;
+                    }
+                }
+            }
+            acc += c;
+            sum += g.median_equivalent(idx) as f64 * c as f64;
+            while next_q < qs.len() && acc >= targets[next_q] {
+                out.quantiles[next_q] =
+                    if qs[next_q] == 0.0 { g.lowest_equivalent(idx) } else { g.highest_equivalent(idx) };
+                next_q += 1;
+            }
+            out.max = g.highest_equivalent(idx);
+        }
+        out.mean = if total > 0 { sum / total as f64 } else { 0.0 };
+        out
     }
 
     /// HdrHistogram's `value_at_quantile`: the highest value equivalent to the bucket where the
@@ -312,6 +430,15 @@ impl SparseHistogram {
 }
 
 /// The cookies carry a word-size nibble (0x10: 8-byte counts), as the crate writes them.
+/// What `SparseHistogram::union_stats` computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnionStats {
+    pub count: u64,
+    pub quantiles: Vec<u64>,
+    pub mean: f64,
+    pub max: u64,
+}
+
 const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
 const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
 
@@ -355,6 +482,14 @@ mod tests {
             let sb = SparseHistogram::decode(&encode(&db).unwrap()).unwrap();
             sa.merge(&sb).unwrap();
             da.add(&db).unwrap();
+            // Small into large (the in-place path), a few times over.
+            let mut dc = lockstep_hist();
+            dc.record_n(a[0].0, 3).unwrap();
+            let sc = SparseHistogram::decode(&encode(&dc).unwrap()).unwrap();
+            for _ in 0..3 {
+                sa.merge(&sc).unwrap();
+                da.add(&dc).unwrap();
+            }
             prop_assert_eq!(sa.len(), da.len());
             for q in [0.0, 0.01, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0] {
                 prop_assert_eq!(sa.value_at_quantile(q), da.value_at_quantile(q), "q={}", q);
@@ -362,6 +497,16 @@ mod tests {
             prop_assert_eq!(sa.max(), da.max());
             prop_assert_eq!(sa.min(), da.min());
             prop_assert!((sa.mean() - da.mean()).abs() <= da.mean() * 1e-9 + 1e-9);
+            let u = SparseHistogram::union_stats(&[&sa, &sb], &[0.5, 0.99]);
+            let mut m = sa.clone();
+            m.merge(&sb).unwrap();
+            prop_assert_eq!(u.quantiles, vec![m.value_at_quantile(0.5), m.value_at_quantile(0.99)]);
+            prop_assert_eq!(u.max, m.max());
+            prop_assert!((u.mean - m.mean()).abs() <= m.mean() * 1e-9 + 1e-9);
+            let mut dense = Vec::new();
+            sa.add_to_dense(&mut dense);
+            sb.add_to_dense(&mut dense);
+            prop_assert_eq!(SparseHistogram::from_counts(sa.geometry, &dense), m);
             let back = sa.to_dense();
             prop_assert_eq!(back.value_at_quantile(0.99), da.value_at_quantile(0.99));
         }

@@ -1,7 +1,8 @@
 //! Exporters of a cluster run: one `RunResults`, one module per format.
 //! - `text`: the readable final report (per volume, per node, cluster, objectives, chokepoint);
 //! - `fio`: fio-compatible JSON (`client_stats[]` with a hostname per entry and "All clients");
-//! - `csv`: the per-volume, per-interval timeline.
+//! - `csv`: the per-volume, per-interval timeline (`timeline.json` holds the same in the
+//!   `Timeline` format the chokepoint finder reads).
 //!
 //! `write_run_dir` writes every file of a run directory atomically (temporary file, then
 //! rename), so an interrupted write never leaves half a results file.
@@ -19,10 +20,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     lockstep_agent::standalone::write_atomically(path, bytes)
 }
 
-/// results.json, timeline.csv and report.txt (fio.json and intervals.hlog are written by the run).
+/// results.json, timeline.json, timeline.csv and report.txt (fio.json and intervals.hlog are
+/// written by the run).
 pub fn write_run_dir(dir: &Path, results: &RunResults) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(results).map_err(std::io::Error::other)?;
     write_atomically(&dir.join("results.json"), &json)?;
+    let timeline = serde_json::to_vec(&results.timeline).map_err(std::io::Error::other)?;
+    write_atomically(&dir.join("timeline.json"), &timeline)?;
     write_atomically(&dir.join("timeline.csv"), csv::timeline(results).as_bytes())?;
     write_atomically(&dir.join("report.txt"), text::render(results).as_bytes())?;
     Ok(())
