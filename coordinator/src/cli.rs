@@ -32,6 +32,8 @@ pub struct RunArgs {
     pub json: bool,
     pub keep_files: bool,
     pub fail_on_chokepoint: bool,
+    /// Serve Prometheus metrics of the run here.
+    pub metrics_listen: Option<String>,
 }
 
 /// Exit codes: 0 all good; 1 an objective failed (or a chokepoint with --fail-on-chokepoint);
@@ -321,6 +323,13 @@ async fn run_resolved(
     let file = std::fs::File::create(&hlog_path).with_context(|| format!("creating {}", hlog_path.display()))?;
     let mut hlog = Some(HlogWriter::new(std::io::BufWriter::new(file), crate::client::unix_ns() / 1_000_000)?);
     let mut live = LiveView::new(assignment.run_length(), args.json);
+    if let Some(addr) = &args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?;
+        let m = std::sync::Arc::new(crate::metrics::CoordinatorMetrics::default());
+        live.metrics = Some(m.clone());
+        eprintln!("lockstep: metrics on http://{}/metrics", listener.local_addr()?);
+        tokio::spawn(lockstep_agent::daemon::metrics::serve(listener, m));
+    }
     let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
     live.finish();
     if let Some(h) = hlog.take() {

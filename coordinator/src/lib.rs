@@ -11,6 +11,7 @@
 //! - `local`: `--local N`, agents as child processes on this machine;
 //! - `live`: the live view (progress bar, or log lines when not on a terminal);
 //! - `cli`: the `lockstep` commands behind `main.rs`;
+//! - `metrics`: Prometheus metrics of a running coordinator;
 //! - `hlog`: the raw interval histograms in HdrHistogram's log format;
 //! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
@@ -24,6 +25,7 @@ pub mod hlog;
 pub mod live;
 pub mod local;
 pub mod merge;
+pub mod metrics;
 pub mod plan;
 pub mod profiles;
 pub mod report;

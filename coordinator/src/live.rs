@@ -13,6 +13,8 @@ use crate::merge::Merger;
 use crate::run::RunObserver;
 
 pub struct LiveView {
+    /// Prometheus metrics to keep current, when the coordinator serves them.
+    pub metrics: Option<std::sync::Arc<crate::metrics::CoordinatorMetrics>>,
     bar: Option<ProgressBar>,
     total: Duration,
     last_line: Instant,
@@ -33,6 +35,7 @@ impl LiveView {
             b
         });
         LiveView {
+            metrics: None,
             bar,
             total,
             last_line: Instant::now(),
@@ -76,6 +79,9 @@ impl RunObserver for LiveView {
     }
 
     fn tick(&mut self, merger: &Merger, elapsed: Duration) {
+        if let Some(m) = &self.metrics {
+            m.update(merger);
+        }
         // The newest interval may still be arriving; show the one before it.
         let Some(latest) = merger.latest_index() else { return };
         let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else { return };
@@ -111,6 +117,9 @@ impl RunObserver for LiveView {
     }
 
     fn phase_finished(&mut self, _name: &str) {
+        if let Some(m) = &self.metrics {
+            m.state.set(2);
+        }
         self.finish();
     }
 }

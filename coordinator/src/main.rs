@@ -39,6 +39,9 @@ enum Command {
         /// Exit non-zero when a chokepoint (a volume or node) is found.
         #[arg(long)]
         fail_on_chokepoint: bool,
+        /// Serve Prometheus metrics of the run at http://ADDR/metrics.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
     },
     /// Re-render a finished run from its results directory.
     Report {
@@ -64,8 +67,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Run { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint } => {
-            cli::run_command(RunArgs { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint })
+        Command::Run { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint, metrics_listen } => {
+            cli::run_command(RunArgs {
+                plan,
+                local,
+                output,
+                agents,
+                token,
+                json,
+                keep_files,
+                fail_on_chokepoint,
+                metrics_listen,
+            })
         }
         Command::Report { dir, json } => cli::report_command(&dir, json),
     };

@@ -242,3 +242,58 @@ fn wrong_token_and_bad_plans_are_refused_before_any_io() {
     assert!(err.contains("plan.toml:") && err.contains("nope"), "{err}");
     assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "files were created despite the refusal");
 }
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn agent_and_coordinator_serve_prometheus_metrics() {
+    let dir = scratch();
+    let d = dir.path().join("v1");
+    std::fs::create_dir_all(&d).unwrap();
+    let agent_metrics = free_port();
+    let (_agent, addr) = start_agent("a1", &d, &["--metrics-listen", &agent_metrics]);
+    let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "6s"));
+    let coord_metrics = free_port();
+    let mut run = Proc(
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(&plan)
+            .arg("--output")
+            .arg(dir.path().join("run"))
+            .args(["--metrics-listen", &coord_metrics])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut agent_text = String::new();
+    let mut coord_text = String::new();
+    let seen = wait_for(Duration::from_secs(10), || {
+        agent_text = http_get(&agent_metrics, "/metrics");
+        coord_text = std::net::TcpStream::connect(&coord_metrics).map(|_| http_get(&coord_metrics, "/metrics")).unwrap_or_default();
+        agent_text.contains("lockstep_agent_run_state 2") && coord_text.contains("lockstep_run_state 1")
+    });
+    assert!(seen, "agent:\n{agent_text}\ncoordinator:\n{coord_text}");
+    assert!(run.0.wait().unwrap().success());
+    // Counters moved: the read IOs of volume data are above zero.
+    let text = http_get(&agent_metrics, "/metrics");
+    let ios = text
+        .lines()
+        .find(|l| l.starts_with("lockstep_agent_volume_ios_total{") && l.contains("direction=\"read\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(ios > 0.0, "{text}");
+    assert!(text.contains("lockstep_agent_volume_latency_seconds_bucket"), "{text}");
+}
