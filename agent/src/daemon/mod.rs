@@ -3,12 +3,14 @@
 //! - `volume`: the volumes this agent may test, and confining jobs to them;
 //! - `aggregate`: one interval report per volume from the runner's per-clone intervals;
 //! - `metrics`: Prometheus metrics (`/metrics`);
+//! - `notify`: readiness and watchdog pings for systemd (`Type=notify`, `WatchdogSec=`);
 //! - this module: the gRPC service and the life of a run (prepare → start at an instant →
 //!   stream intervals → final result), with the safety rule that an agent whose coordinator is
 //!   gone for longer than the grace period stops its own IO: no runaway load on a production host.
 
 pub mod aggregate;
 pub mod metrics;
+pub mod notify;
 pub mod volume;
 
 use std::collections::BTreeMap;
@@ -636,12 +638,17 @@ pub fn serve_blocking(cfg: DaemonConfig, listen: &str, metrics_listen: Option<&s
             writeln!(out, "metrics on http://{}/metrics", m.local_addr()?)?;
         }
         out.flush()?;
+        notify::ready(&format!("serving on {}", listener.local_addr()?));
+        if let Some(every) = notify::watchdog_interval() {
+            tokio::spawn(notify::watchdog(every));
+        }
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
+            notify::stopping();
         };
         serve(cfg, listener, metrics, shutdown).await.context("serving")?;
         Ok(())
