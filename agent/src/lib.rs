@@ -15,7 +15,8 @@
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
 //! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...);
-//! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives.
+//! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
+//! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
 pub mod daemon;
 pub mod engine;
@@ -24,6 +25,7 @@ pub mod job;
 pub mod jobfile;
 pub mod layout;
 pub mod rate;
+pub mod registry;
 pub mod report;
 pub mod runner;
 pub mod progress;

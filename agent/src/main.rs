@@ -62,6 +62,19 @@ enum Command {
         /// Allow exec-style fault actions (commands run on this host). Off by default.
         #[arg(long)]
         allow_exec: bool,
+        /// Register in etcd (comma-separated client URLs) under a lease, for `lockstep agents`
+        /// and `lockstep run --etcd`.
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
+        etcd: Option<String>,
+        /// Address coordinators should dial, published in etcd (default: the listen address).
+        #[arg(long, env = "LOCKSTEP_ADVERTISE", value_name = "HOST:PORT")]
+        advertise: Option<String>,
+        /// Lease TTL in etcd: a dead agent is listed for at most this long.
+        #[arg(long, default_value = "5s")]
+        etcd_ttl: String,
+        /// Key prefix in etcd (agents register under PREFIX/agents/NAME).
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
     },
 }
 
@@ -93,14 +106,22 @@ fn main() -> std::process::ExitCode {
             metrics_listen,
             allow_block_devices,
             allow_exec,
+            etcd,
+            advertise,
+            etcd_ttl,
+            etcd_prefix,
         } => {
-            let grace = match lockstep_agent::units::parse_time(&grace, lockstep_agent::units::TimeUnit::Seconds) {
-                Ok(g) => g,
-                Err(e) => {
-                    eprintln!("lockstep-agent: error: --grace {grace}: {e}");
-                    return std::process::ExitCode::from(2);
-                }
+            let parse_time = |flag: &str, v: &str| {
+                lockstep_agent::units::parse_time(v, lockstep_agent::units::TimeUnit::Seconds)
+                    .map_err(|e| eprintln!("lockstep-agent: error: {flag} {v}: {e}"))
             };
+            let Ok(grace) = parse_time("--grace", &grace) else { return std::process::ExitCode::from(2) };
+            let Ok(ttl) = parse_time("--etcd-ttl", &etcd_ttl) else { return std::process::ExitCode::from(2) };
+            let registry = etcd.filter(|e| !e.trim().is_empty()).map(|e| lockstep_agent::registry::RegistryOptions {
+                endpoints: lockstep_agent::registry::parse_endpoints(&e),
+                prefix: etcd_prefix,
+                ttl,
+            });
             let cfg = DaemonConfig {
                 name: name.unwrap_or_else(daemon::hostname),
                 labels: labels.into_iter().collect(),
@@ -110,7 +131,8 @@ fn main() -> std::process::ExitCode {
                 allow_block_devices,
                 allow_exec,
             };
-            match daemon::serve_blocking(cfg, &listen, metrics_listen.as_deref()) {
+            let opts = daemon::ServeOptions { listen, metrics_listen, advertise, registry };
+            match daemon::serve_blocking(cfg, opts) {
                 Ok(()) => return std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("lockstep-agent: error: {e:#}");

@@ -34,6 +34,10 @@ pub struct RunArgs {
     pub fail_on_chokepoint: bool,
     /// Serve Prometheus metrics of the run here.
     pub metrics_listen: Option<String>,
+    /// Take the agents from the etcd registry at these URLs (comma-separated).
+    pub etcd: Option<String>,
+    /// The registry's key prefix.
+    pub etcd_prefix: String,
 }
 
 /// Exit codes: 0 all good; 1 an objective failed (or a chokepoint with --fail-on-chokepoint);
@@ -286,6 +290,10 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         let token = Some(cluster.token.clone());
         local = Some(cluster);
         (infos, token)
+    } else if let Some(etcd) = &args.etcd {
+        // Live agents from the registry; the plan's [[agent]] list is not used.
+        let endpoints = lockstep_agent::registry::parse_endpoints(etcd);
+        (crate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?, args.token.clone())
     } else {
         let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> =
             plan.agents.iter().map(|a| (a.name.clone(), a.address.clone(), a.labels.clone())).collect();

@@ -14,6 +14,7 @@
 //! - `metrics`: Prometheus metrics of a running coordinator;
 //! - `hlog`: the raw interval histograms in HdrHistogram's log format;
 //! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
+//! - `registry`: live agents from etcd (`lockstep agents`, `lockstep run --etcd`);
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
@@ -28,6 +29,7 @@ pub mod merge;
 pub mod metrics;
 pub mod plan;
 pub mod profiles;
+pub mod registry;
 pub mod report;
 pub mod results;
 pub mod run;

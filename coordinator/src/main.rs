@@ -42,6 +42,21 @@ enum Command {
         /// Serve Prometheus metrics of the run at http://ADDR/metrics.
         #[arg(long, value_name = "ADDR")]
         metrics_listen: Option<String>,
+        /// Take the agents from the etcd registry (plans select them by label).
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]", conflicts_with = "local")]
+        etcd: Option<String>,
+        /// The registry's key prefix in etcd.
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+    },
+    /// List the live agents registered in etcd, with labels, volumes and versions.
+    Agents {
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
+        etcd: String,
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Re-render a finished run from its results directory.
     Report {
@@ -67,7 +82,19 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Run { plan, local, output, agents, token, json, keep_files, fail_on_chokepoint, metrics_listen } => {
+        Command::Run {
+            plan,
+            local,
+            output,
+            agents,
+            token,
+            json,
+            keep_files,
+            fail_on_chokepoint,
+            metrics_listen,
+            etcd,
+            etcd_prefix,
+        } => {
             cli::run_command(RunArgs {
                 plan,
                 local,
@@ -78,9 +105,12 @@ fn main() -> ExitCode {
                 keep_files,
                 fail_on_chokepoint,
                 metrics_listen,
+                etcd,
+                etcd_prefix,
             })
         }
         Command::Report { dir, json } => cli::report_command(&dir, json),
+        Command::Agents { etcd, etcd_prefix, json } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
     };
     result.unwrap_or_else(|e| {
         eprintln!("lockstep: error: {e:#}");

@@ -104,3 +104,66 @@ pub fn read_json(path: &Path) -> serde_json::Value {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// A free TCP port on 127.0.0.1 (bound, then released: for servers such as etcd that need a
+/// fixed port on their command line).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0").local_addr().unwrap().port()
+}
+
+/// A real etcd server (Debian's etcd-server) on free loopback ports, in a scratch data
+/// directory; killed on drop. Panics with what to install when etcd is missing: CI installs
+/// it (scripts/setup.sh), so a missing etcd is a failure, never a silent pass.
+pub struct Etcd {
+    pub url: String,
+    _proc: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let found = Command::new("etcd").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+        assert!(
+            found.is_ok_and(|s| s.success()),
+            "etcd is not installed: run scripts/setup.sh (apt-get install etcd-server etcd-client)"
+        );
+        let dir = scratch();
+        // Two free ports picked up front can still be taken by someone else before etcd binds
+        // them: try a few times.
+        for _ in 0..5 {
+            let (client, peer) = (free_port(), free_port());
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let data = dir.path().join(format!("data-{client}"));
+            let log = std::fs::File::create(dir.path().join(format!("etcd-{client}.log"))).unwrap();
+            let child = Command::new("etcd")
+                .arg("--data-dir")
+                .arg(&data)
+                .args(["--name", "test", "--listen-client-urls", &url, "--advertise-client-urls", &url])
+                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("test={peer_url}")])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawning etcd");
+            let mut p = Proc(child);
+            let up = wait_for(Duration::from_secs(15), || {
+                if p.0.try_wait().ok().flatten().is_some() {
+                    return true;
+                }
+                Command::new("etcdctl")
+                    .args(["--endpoints", &url, "endpoint", "health"])
+                    .env("ETCDCTL_API", "3")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+            if up && p.0.try_wait().ok().flatten().is_none() {
+                return Etcd { url, _proc: p, _dir: dir };
+            }
+            let _ = p.0.kill();
+        }
+        panic!("etcd did not start: see the etcd-*.log files under {}", dir.path().display());
+    }
+}

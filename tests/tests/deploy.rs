@@ -17,7 +17,12 @@ fn recv_until(sock: &UnixDatagram, want: &str, limit: Duration) -> Option<String
     let t = Instant::now();
     let mut buf = [0u8; 4096];
     while t.elapsed() < limit {
-        sock.set_read_timeout(Some(limit.saturating_sub(t.elapsed()).max(Duration::from_millis(10)))).unwrap();
+        sock.set_read_timeout(Some(
+            limit
+                .saturating_sub(t.elapsed())
+                .max(Duration::from_millis(10)),
+        ))
+        .unwrap();
         if let Ok(n) = sock.recv(&mut buf) {
             let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
             if msg.lines().any(|l| l == want) {
@@ -38,7 +43,14 @@ fn the_agent_tells_systemd_it_is_ready_pings_the_watchdog_and_says_when_it_stops
     let started = Instant::now();
     let agent = Proc(
         Command::new(bin("lockstep-agent"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--name", "n1", "--volume"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--name",
+                "n1",
+                "--volume",
+            ])
             .arg(format!("data={}", vol.display()))
             .env("NOTIFY_SOCKET", &sock_path)
             // A 400 ms watchdog: pings every 200 ms.
@@ -48,9 +60,13 @@ fn the_agent_tells_systemd_it_is_ready_pings_the_watchdog_and_says_when_it_stops
             .spawn()
             .unwrap(),
     );
-    let ready = recv_until(&sock, "READY=1", Duration::from_secs(10)).expect("no READY=1 from the agent");
+    let ready =
+        recv_until(&sock, "READY=1", Duration::from_secs(10)).expect("no READY=1 from the agent");
     assert!(ready.contains("STATUS=serving on 127.0.0.1:"), "{ready}");
-    eprintln!("READY=1 {:.0} ms after spawn", started.elapsed().as_secs_f64() * 1e3);
+    eprintln!(
+        "READY=1 {:.0} ms after spawn",
+        started.elapsed().as_secs_f64() * 1e3
+    );
     for _ in 0..3 {
         recv_until(&sock, "WATCHDOG=1", Duration::from_secs(2)).expect("no WATCHDOG=1 ping");
     }
@@ -61,13 +77,18 @@ fn the_agent_tells_systemd_it_is_ready_pings_the_watchdog_and_says_when_it_stops
 #[test]
 fn systemd_units_pass_systemd_analyze_verify() {
     let Ok(out) = Command::new("systemd-analyze").arg("--version").output() else {
-        eprintln!("systemd-analyze is not installed: skipping the unit check (apt-get install systemd)");
+        eprintln!(
+            "systemd-analyze is not installed: skipping the unit check (apt-get install systemd)"
+        );
         return;
     };
     assert!(out.status.success());
     let dir = scratch();
     let bin_dir = bin("lockstep-agent").parent().unwrap().to_path_buf();
-    let units = [("lockstep-agent.service", "lockstep-agent.service"), ("lockstep-run@.service", "lockstep-run@nightly.service")];
+    let units = [
+        ("lockstep-agent.service", "lockstep-agent.service"),
+        ("lockstep-run@.service", "lockstep-run@nightly.service"),
+    ];
     let mut paths = Vec::new();
     for (src, dst) in units {
         let text = std::fs::read_to_string(repo().join("deploy/systemd").join(src)).unwrap();
@@ -77,17 +98,32 @@ fn systemd_units_pass_systemd_analyze_verify() {
         std::fs::write(&p, text).unwrap();
         paths.push(p);
     }
-    let out = Command::new("systemd-analyze").arg("verify").args(&paths).output().unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&paths)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     // Warnings (an unknown key, a bad value) go to stderr with exit 0: refuse them too.
     let ours: Vec<&str> = err.lines().filter(|l| l.contains("lockstep")).collect();
-    assert!(out.status.success() && ours.is_empty(), "systemd-analyze verify:\n{err}");
+    assert!(
+        out.status.success() && ours.is_empty(),
+        "systemd-analyze verify:\n{err}"
+    );
 }
 
 /// The Docker engine, or a clear failure: CI installs and starts it (scripts/setup.sh --docker).
 pub fn require_docker() {
-    let ok = Command::new("docker").arg("info").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
-    assert!(ok, "the Docker engine is not running: run scripts/setup.sh --docker (the README's test command does)");
+    let ok = Command::new("docker")
+        .arg("info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the Docker engine is not running: run scripts/setup.sh --docker (the README's test command does)"
+    );
 }
 
 #[test]
@@ -101,14 +137,40 @@ fn the_from_scratch_image_runs_the_agent() {
         .arg("lockstep:deploy-test")
         .output()
         .unwrap();
-    assert!(out.status.success(), "build.sh: {}", String::from_utf8_lossy(&out.stderr));
-    let out = Command::new("docker").args(["run", "--rm", "lockstep:deploy-test", "--version"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("lockstep-agent {}", env!("CARGO_PKG_VERSION")));
+    assert!(
+        out.status.success(),
+        "build.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = Command::new("docker")
-        .args(["run", "--rm", "--entrypoint", "/usr/local/bin/lockstep", "lockstep:deploy-test", "--version"])
+        .args(["run", "--rm", "lockstep:deploy-test", "--version"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("lockstep "), "{out:?}");
-    let _ = Command::new("docker").args(["rmi", "lockstep:deploy-test"]).output();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("lockstep-agent {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--entrypoint",
+            "/usr/local/bin/lockstep",
+            "lockstep:deploy-test",
+            "--version",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("lockstep "),
+        "{out:?}"
+    );
+    let _ = Command::new("docker")
+        .args(["rmi", "lockstep:deploy-test"])
+        .output();
 }

@@ -613,9 +613,65 @@ pub async fn serve(
         .await
 }
 
+/// Where `lockstep-agent serve` listens and whom it tells about itself.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// gRPC address (port 0 picks one).
+    pub listen: String,
+    pub metrics_listen: Option<String>,
+    /// `host:port` coordinators should dial, published in etcd (default: the bound address,
+    /// with the hostname in place of an unspecified IP such as 0.0.0.0).
+    pub advertise: Option<String>,
+    /// Register in etcd under a lease (`--etcd`).
+    pub registry: Option<crate::registry::RegistryOptions>,
+}
+
+/// The address to publish: `--advertise`, else the bound address (hostname for 0.0.0.0/::).
+fn advertised(opts: &ServeOptions, bound: std::net::SocketAddr) -> String {
+    match &opts.advertise {
+        Some(a) => a.clone(),
+        None if bound.ip().is_unspecified() => format!("{}:{}", hostname(), bound.port()),
+        None => bound.to_string(),
+    }
+}
+
+fn registration(cfg: &DaemonConfig, address: String) -> crate::registry::Registration {
+    use crate::registry::{RegisteredCapabilities, RegisteredVolume, Registration};
+    Registration {
+        name: cfg.name.clone(),
+        address,
+        labels: cfg.labels.clone(),
+        volumes: cfg
+            .volumes
+            .iter()
+            .map(|v| RegisteredVolume {
+                name: v.name.clone(),
+                path: v.path.display().to_string(),
+                size_bytes: v.size_bytes,
+                kind: v.kind.clone(),
+                provisioned_iops: v.provisioned_iops,
+                provisioned_mib_s: v.provisioned_mib_s,
+            })
+            .collect(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol_version: PROTOCOL_VERSION,
+        capabilities: RegisteredCapabilities {
+            io_uring: crate::engine::uring_available(),
+            engines: vec!["io_uring".into(), "libaio".into(), "psync".into(), "null".into()],
+            exec_allowed: cfg.allow_exec,
+            block_devices_allowed: cfg.allow_block_devices,
+        },
+        tls: false,
+        hostname: hostname(),
+        registered_unix_ms: (unix_ns(SystemTime::now()) / 1_000_000) as u64,
+    }
+}
+
 /// `lockstep-agent serve`: checks the volumes, binds, prints `listening on ADDR` (a line a
-/// parent process can read to find a port-0 address), and serves until SIGINT/SIGTERM.
-pub fn serve_blocking(cfg: DaemonConfig, listen: &str, metrics_listen: Option<&str>) -> anyhow::Result<()> {
+/// parent process can read to find a port-0 address), tells systemd it is ready, registers in
+/// etcd when asked, and serves until SIGINT/SIGTERM (then revokes its etcd lease, so it leaves
+/// the registry at once).
+pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::io::Write;
     for v in &cfg.volumes {
@@ -627,30 +683,45 @@ pub fn serve_blocking(cfg: DaemonConfig, listen: &str, metrics_listen: Option<&s
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
+        let listen = &opts.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
-        let metrics = match metrics_listen {
+        let metrics = match &opts.metrics_listen {
             Some(m) => Some(tokio::net::TcpListener::bind(m).await.with_context(|| format!("--metrics-listen {m}"))?),
             None => None,
         };
+        let bound = listener.local_addr()?;
         let mut out = std::io::stdout();
-        writeln!(out, "listening on {}", listener.local_addr()?)?;
+        writeln!(out, "listening on {bound}")?;
         if let Some(m) = &metrics {
             writeln!(out, "metrics on http://{}/metrics", m.local_addr()?)?;
         }
         out.flush()?;
-        notify::ready(&format!("serving on {}", listener.local_addr()?));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let registry = opts.registry.clone().map(|r| {
+            let reg = registration(&cfg, advertised(&opts, bound));
+            tokio::spawn(crate::registry::keep_registered(r, reg, stopped(stop_rx.clone())))
+        });
+        notify::ready(&format!("serving on {bound}"));
         if let Some(every) = notify::watchdog_interval() {
             tokio::spawn(notify::watchdog(every));
         }
-        let shutdown = async {
+        tokio::spawn(async move {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
             notify::stopping();
-        };
-        serve(cfg, listener, metrics, shutdown).await.context("serving")?;
+            let _ = stop_tx.send(true);
+        });
+        serve(cfg, listener, metrics, stopped(stop_rx)).await.context("serving")?;
+        if let Some(r) = registry {
+            // The lease revoke is bounded by its own timeout.
+            let _ = r.await;
+        }
         Ok(())
     })
 }

@@ -27,7 +27,9 @@ pub fn stopping() {
 /// How often to ping, when the service manager asked for a watchdog (`WATCHDOG_USEC` for this
 /// process): half the timeout, as sd_watchdog_enabled(3) recommends.
 pub fn watchdog_interval() -> Option<Duration> {
-    sd_notify::watchdog_enabled().filter(|d| !d.is_zero()).map(|d| d / 2)
+    sd_notify::watchdog_enabled()
+        .filter(|d| !d.is_zero())
+        .map(|d| d / 2)
 }
 
 /// Pings `WATCHDOG=1` every `every` until the runtime stops.

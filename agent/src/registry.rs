@@ -1,0 +1,245 @@
+//! Membership in etcd: an agent started with `--etcd` keeps a key under a lease, so coordinators
+//! find it by listing a prefix, and it disappears by itself when the agent dies.
+//!
+//! Layout: `<prefix>/agents/<name>` → a JSON [`Registration`] (default prefix `/lockstep`).
+//! The key is attached to a lease of `ttl` seconds that the agent keeps alive every `ttl/3`;
+//! a killed, paused or cut-off agent stops renewing and etcd deletes the key once the lease
+//! expires, so a listing never shows an agent dead for longer than its TTL (etcd checks expiry
+//! on its leader, typically within a few hundred milliseconds of the deadline). A clean shutdown
+//! revokes the lease: the key goes at once.
+//!
+//! The registration is best effort and never stops the agent from serving: while etcd is
+//! unreachable the agent retries with backoff (and, once back, registers under a new lease).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use serde::{Deserialize, Serialize};
+
+/// What an agent publishes about itself: everything `lockstep agents` lists and a plan
+/// selects by, without a round trip to the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registration {
+    pub name: String,
+    /// `host:port` coordinators dial (`--advertise`, default: the bound listen address).
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub volumes: Vec<RegisteredVolume>,
+    /// The agent's release (`lockstep-agent --version`).
+    pub version: String,
+    /// The coordinator protocol version it speaks.
+    pub protocol_version: u32,
+    pub capabilities: RegisteredCapabilities,
+    /// Whether the agent requires mutual TLS (dial it with `--tls-*`).
+    #[serde(default)]
+    pub tls: bool,
+    pub hostname: String,
+    /// When this registration was made (agent clock, Unix milliseconds).
+    pub registered_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisteredVolume {
+    pub name: String,
+    pub path: String,
+    #[serde(default)]
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub provisioned_iops: u64,
+    #[serde(default)]
+    pub provisioned_mib_s: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RegisteredCapabilities {
+    pub io_uring: bool,
+    pub engines: Vec<String>,
+    pub exec_allowed: bool,
+    pub block_devices_allowed: bool,
+}
+
+/// Where and how to register.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// etcd client URLs (`http://host:2379`).
+    pub endpoints: Vec<String>,
+    /// Key prefix shared by agents and coordinators (default `/lockstep`).
+    pub prefix: String,
+    /// Lease TTL: how long a dead agent may stay listed. etcd rounds to whole seconds and
+    /// refuses less than its minimum (about 2 s with default settings).
+    pub ttl: Duration,
+}
+
+pub const DEFAULT_PREFIX: &str = "/lockstep";
+pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
+
+/// The key an agent registers under.
+pub fn agent_key(prefix: &str, name: &str) -> String {
+    format!("{}/agents/{name}", prefix.trim_end_matches('/'))
+}
+
+/// The prefix every agent key starts with.
+pub fn agents_prefix(prefix: &str) -> String {
+    format!("{}/agents/", prefix.trim_end_matches('/'))
+}
+
+/// Splits `--etcd` values: comma-separated URLs; a bare `host:port` gets `http://`.
+pub fn parse_endpoints(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("etcd at {endpoints}: {message}")]
+    Etcd { endpoints: String, message: String },
+    #[error("etcd at {endpoints}: the lease expired (the agent could not renew it in time)")]
+    LeaseLost { endpoints: String },
+}
+
+/// The useful part of an etcd client error: the gRPC status message ("tcp connect error",
+/// "etcdserver: requested lease not found") rather than the whole nested transport error.
+pub fn etcd_message(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) if !s.message().is_empty() => s.message().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Connection options for every etcd client in lockstep: fail fast when etcd is down, and
+/// notice a dead connection within seconds.
+pub fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true)
+}
+
+/// Registers once and keeps the lease alive until `shutdown` resolves (then revokes it) or the
+/// lease is lost (an error: the caller registers again).
+async fn register_once(
+    opts: &RegistryOptions,
+    reg: &Registration,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+    registered: &mut Option<std::time::Instant>,
+) -> Result<(), RegistryError> {
+    let endpoints = opts.endpoints.join(",");
+    let err = |e| RegistryError::Etcd {
+        endpoints: endpoints.clone(),
+        message: etcd_message(&e),
+    };
+    let mut client = Client::connect(&opts.endpoints, Some(connect_options()))
+        .await
+        .map_err(err)?;
+    let ttl = opts.ttl.as_secs().max(1) as i64;
+    let lease = client.lease_grant(ttl, None).await.map_err(err)?.id();
+    let value = serde_json::to_vec(reg).expect("a registration serializes");
+    client
+        .put(
+            agent_key(&opts.prefix, &reg.name),
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .map_err(err)?;
+    *registered = Some(std::time::Instant::now());
+    tracing::info!(lease, ttl, key = %agent_key(&opts.prefix, &reg.name), "registered in etcd");
+    let (mut keeper, mut responses) = client.lease_keep_alive(lease).await.map_err(err)?;
+    let every = (opts.ttl / 3).max(Duration::from_millis(300));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = &mut *shutdown => {
+                // Gone at once rather than after the TTL.
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(lease)).await;
+                return Ok(());
+            }
+            _ = tick.tick() => {
+                keeper.keep_alive().await.map_err(err)?;
+                match tokio::time::timeout(every.max(Duration::from_secs(2)), responses.message()).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                    Ok(Ok(Some(_))) => return Err(RegistryError::LeaseLost { endpoints }),
+                    Ok(Ok(None)) => return Err(RegistryError::LeaseLost { endpoints }),
+                    Ok(Err(e)) => return Err(err(e)),
+                    Err(_) => return Err(RegistryError::LeaseLost { endpoints }),
+                }
+            }
+        }
+    }
+}
+
+/// Keeps `reg` registered until `shutdown` resolves, re-registering after any failure (etcd
+/// down, lease expired while the agent was paused) with a backoff of up to `ttl`.
+pub async fn keep_registered(
+    opts: RegistryOptions,
+    reg: Registration,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let mut registered = None;
+        match register_once(&opts, &reg, &mut shutdown, &mut registered).await {
+            Ok(()) => return,
+            Err(e) => {
+                if registered.is_some() {
+                    backoff = Duration::from_millis(200);
+                }
+                tracing::warn!(
+                    "etcd registration: {e}; retrying in {:.1}s",
+                    backoff.as_secs_f64()
+                );
+            }
+        }
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(opts.ttl.max(Duration::from_secs(1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_endpoints() {
+        assert_eq!(agent_key("/lockstep", "n1"), "/lockstep/agents/n1");
+        assert_eq!(agent_key("/lockstep/", "n1"), "/lockstep/agents/n1");
+        assert_eq!(agents_prefix("/x"), "/x/agents/");
+        assert_eq!(
+            parse_endpoints("127.0.0.1:2379, https://e2:2379,"),
+            vec![
+                "http://127.0.0.1:2379".to_string(),
+                "https://e2:2379".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_registration_round_trips_and_tolerates_missing_optional_fields() {
+        let json = r#"{"name":"n1","address":"10.0.0.5:7070","labels":{"role":"worker"},
+            "volumes":[{"name":"data","path":"/mnt/data"}],"version":"0.1.0","protocol_version":1,
+            "capabilities":{"io_uring":true,"engines":["psync"],"exec_allowed":false,"block_devices_allowed":false},
+            "hostname":"h","registered_unix_ms":1}"#;
+        let r: Registration = serde_json::from_str(json).unwrap();
+        assert_eq!(r.volumes[0].kind, "");
+        assert!(!r.tls);
+        let back: Registration = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+}
