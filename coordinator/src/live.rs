@@ -15,11 +15,15 @@ use crate::run::RunObserver;
 pub struct LiveView {
     /// Prometheus metrics to keep current, when the coordinator serves them.
     pub metrics: Option<std::sync::Arc<crate::metrics::CoordinatorMetrics>>,
+    /// Options of the live chokepoint finder (time scales of emulated volumes).
+    pub analysis: AnalysisOptions,
     bar: Option<ProgressBar>,
     total: Duration,
     last_line: Instant,
     last_suspect: Instant,
     suspect: String,
+    /// The suspect last printed as a log line (printed again only when it changes).
+    printed_suspect: String,
     quiet: bool,
 }
 
@@ -36,11 +40,13 @@ impl LiveView {
         });
         LiveView {
             metrics: None,
+            analysis: AnalysisOptions::default(),
             bar,
             total,
             last_line: Instant::now(),
             last_suspect: Instant::now(),
             suspect: String::new(),
+            printed_suspect: String::new(),
             quiet,
         }
     }
@@ -87,7 +93,7 @@ impl RunObserver for LiveView {
         let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else { return };
         if self.last_suspect.elapsed() > Duration::from_secs(5) {
             self.last_suspect = Instant::now();
-            let report = chokepoint::analyze(&merger.timeline(), &AnalysisOptions::default());
+            let report = chokepoint::analyze(&merger.timeline(), &self.analysis);
             self.suspect = chokepoint::render_text(&report).lines().next().unwrap_or_default().to_string();
         }
         let worst = worst_volume(merger)
@@ -108,8 +114,9 @@ impl RunObserver for LiveView {
             None if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) => {
                 self.last_line = Instant::now();
                 eprintln!("lockstep: t={:.0}s {msg}", elapsed.as_secs_f64());
-                if !self.suspect.is_empty() {
+                if !self.suspect.is_empty() && self.suspect != self.printed_suspect {
                     eprintln!("lockstep:   {}", self.suspect);
+                    self.printed_suspect = self.suspect.clone();
                 }
             }
             None => {}
