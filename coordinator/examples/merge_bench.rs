@@ -131,6 +131,7 @@ fn main() {
         chokepoint: None,
         faults: vec![],
         warnings: vec![],
+        drill: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

@@ -355,6 +355,12 @@ async fn run_resolved(
         o.insert("text".into(), serde_json::Value::String(text));
     }
     results.chokepoint = Some(value);
+    if !results.faults.is_empty() {
+        // The drill report reads back the raw histograms this run just wrote.
+        let entries = crate::hlog::read(&hlog_path).context("reading intervals.hlog for the drill report")?;
+        let d = crate::drill::analyze(&entries, &results.timeline, &results.faults, &Default::default());
+        results.drill = Some(d);
+    }
     report::write_run_dir(out_dir, &results).with_context(|| format!("writing results to {}", out_dir.display()))?;
     let fio = report::fio::document(&results, &output.finals);
     report::write_atomically(&out_dir.join("fio.json"), serde_json::to_string_pretty(&fio)?.as_bytes())?;

@@ -16,12 +16,14 @@
 //! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
 //! - `registry`: live agents from etcd (`lockstep agents`, `lockstep run --etcd`);
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
+//! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
 pub mod chokepoint;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod drill;
 pub mod hlog;
 pub mod live;
 pub mod local;

@@ -208,6 +208,10 @@ pub struct RunResults {
     /// Things the reader must know to trust the figures (Little's law, lost agents, ...).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What each injected fault did (baseline, during, after, recovery), from the raw
+    /// interval histograms; `None` when the run had no faults.
+    #[serde(default)]
+    pub drill: Option<crate::drill::DrillReport>,
 }
 
 impl RunResults {

@@ -482,6 +482,7 @@ pub async fn execute(
         chokepoint: None,
         faults,
         warnings,
+        drill: None,
     };
     Ok(RunOutput { results, finals })
 }
