@@ -1,1 +1,0 @@
-//! Chokepoint analysis (being written).

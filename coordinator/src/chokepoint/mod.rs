@@ -1,0 +1,1523 @@
+//! The chokepoint finder: pure analysis of a run's [`Timeline`] that names the volume (or node)
+//! holding the cluster back, when it began, what kind of limit it is and what it costs, or says
+//! honestly that there is none, or that the slowdown is node- or cluster-wide.
+//!
+//! How (PRODUCT.md, "Finding the chokepoint"; Perseus FAST'23 and Cruise Control's
+//! SlowBrokerFinder):
+//! 1. Peers are the volumes of the same role (same workload). Per interval and role the finder
+//!    takes robust statistics of latency, IOPS and queue depth (median, median without the
+//!    volume itself, MAD in the log domain).
+//! 2. A volume's interval is *flagged* when its latency, normalized by its throughput, is more
+//!    than 5x its peers' median; or its IOPS are below half its peers' while it has IOs queued
+//!    (a throttled closed-loop volume completes fewer IOs at a higher latency); or its latency is
+//!    more than 3x the p90 of its own history; or it returns errors.
+//! 3. Score +1 per flagged interval, -1 per clean one, floored at 0; a volume becomes a suspect
+//!    only when its score reaches [`AnalysisOptions::persistence`] (hysteresis: it stays one
+//!    until the score is back at 0). Bursts and garbage-collection spikes are shorter than that.
+//! 4. Guards: intervals where more than a third of a role is degraded together (half-way to
+//!    flagged), or where the role's median latency is 2x its own history, are cluster-wide and
+//!    do not count against a single volume, nor do the intervals around a persistent run of
+//!    them; suspects that are all the volumes of one node are a node-level limit.
+//! 5. For the chokepoint: the onset (two-segment split of its deviation from its peers), the
+//!    kind (throttled, credit exhaustion, fail-slow, erroring) with the evidence figures, and the
+//!    impact on the cluster. Volumes with a credit model get a forecast of when credits run out.
+//!
+//! Cost: one pass per interval block to build the peer statistics (selection, not sorting) and
+//! two streaming passes over each volume's points; memory is O(intervals x roles + volumes),
+//! never a copy of the points, so the live view can call it on the data so far every few
+//! seconds.
+
+mod credit;
+mod render;
+pub mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+pub use credit::{CreditForecast, CreditModel, CreditUnit, GP2_BUCKET, GP2_BURST_IOPS};
+pub use render::{format_duration_ms, render_text};
+
+use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
+use stats::{Center, MAD_TO_SIGMA};
+
+/// Tuning of the finder. The defaults follow the research rules; each says why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AnalysisOptions {
+    /// Flag an interval whose latency (normalized by throughput) exceeds this multiple of the
+    /// peers' median. 5x is SlowBrokerFinder's peer rule: far above interval-to-interval noise
+    /// and the spread between healthy volumes of one type (rarely beyond 1.5x).
+    pub peer_latency_factor: f64,
+    /// Flag an interval whose IOPS are below this fraction of the peers' median while the volume
+    /// has IOs queued. A closed-loop volume shows a throttle as lost IOPS as much as added
+    /// latency (IOPS = depth / latency); half is a loss no healthy peer shows for long.
+    pub peer_iops_fraction: f64,
+    /// "Has IOs queued": outstanding IOs at least this fraction of the peers' median. Below it
+    /// the volume is not being asked for IOs (the load generator is short), and low IOPS are
+    /// not the storage's fault.
+    pub busy_outstanding_fraction: f64,
+    /// Flag an interval whose latency exceeds this multiple of the p90 of the volume's own
+    /// history (SlowBrokerFinder's second rule). Catches a volume that slows down when its peers
+    /// are too few or too spread to flag it, and is how an all-volume slowdown shows up.
+    pub history_latency_factor: f64,
+    /// Intervals at the start of a volume's data that are its "own history" (after the warm-up).
+    /// A minute at 1 s intervals: long enough for a stable p90, short enough that a credit
+    /// cliff later in the run is compared with the fast period before it.
+    pub history_intervals: usize,
+    /// Intervals skipped at the start before the history (caches filling, files being laid out).
+    pub warmup_intervals: usize,
+    /// Score a volume must reach to be a suspect: net flagged intervals in one run (+1 flagged,
+    /// -1 clean). Harmless bursts and GC pauses last a few intervals; 10 intervals at 1 s is
+    /// past them and still fast enough for a live view.
+    pub persistence: u32,
+    /// More than this fraction of a role degraded in the same interval (and at least 2 volumes;
+    /// degraded is half-way, geometrically, to flagged) is a cluster-wide event, not one
+    /// volume: a third, as PRODUCT.md suggests.
+    pub cluster_fraction: f64,
+    /// A role whose median latency exceeds this multiple of its own history median is slowed
+    /// cluster-wide even when no single volume crosses its own 3x rule (a role median is far
+    /// less noisy than one volume, so 2x is already well outside it).
+    pub cluster_latency_factor: f64,
+    /// Suspects covering at least this fraction of one node's volumes (and at least 2) are a
+    /// node-level limit (instance bandwidth, CPU), not a volume.
+    pub node_fraction: f64,
+    /// A chokepoint whose IOPS' coefficient of variation after the onset is at or below this is
+    /// pinned at a ceiling (a token bucket is far steadier than a device: a healthy volume's
+    /// IOPS vary 5-20% from interval to interval, a failing one's more).
+    pub throttle_cv: f64,
+    /// An interval with errors on more than this fraction of its IOs is flagged. 0: any error,
+    /// since a storage benchmark's IOs should not fail at all; the persistence rule still
+    /// requires them to be sustained.
+    pub error_fraction: f64,
+    /// The load generator is the limit when closed-loop volumes keep on average fewer than this
+    /// fraction of their configured depth in flight (PRODUCT.md, measurement rule 4).
+    pub load_generator_fraction: f64,
+    /// Intervals after the one that made a volume a suspect that the onset search still looks
+    /// at (it looks back to the volume's previous episode), and for a cluster-wide episode,
+    /// the intervals each side of its first mark.
+    pub onset_window: usize,
+    /// Intervals of "current demand" for credit forecasts.
+    pub forecast_window: usize,
+    /// A credit-exhaustion onset matches its forecast when within this fraction of it.
+    pub forecast_tolerance: f64,
+    /// Time scale of emulated volume models per volume (the timeline does not carry it).
+    pub time_scales: Vec<VolumeTimeScale>,
+    /// Time scale of volumes not listed in `time_scales` (1: real EBS).
+    pub default_time_scale: f64,
+}
+
+impl Default for AnalysisOptions {
+    fn default() -> Self {
+        AnalysisOptions {
+            peer_latency_factor: 5.0,
+            peer_iops_fraction: 0.5,
+            busy_outstanding_fraction: 0.5,
+            history_latency_factor: 3.0,
+            history_intervals: 60,
+            warmup_intervals: 0,
+            persistence: 10,
+            cluster_fraction: 1.0 / 3.0,
+            cluster_latency_factor: 2.0,
+            node_fraction: 0.75,
+            throttle_cv: 0.1,
+            error_fraction: 0.0,
+            load_generator_fraction: 0.7,
+            onset_window: 30,
+            forecast_window: 60,
+            forecast_tolerance: 0.1,
+            time_scales: Vec::new(),
+            default_time_scale: 1.0,
+        }
+    }
+}
+
+/// The emulation time scale of one volume's model (PRODUCT.md: a 30-minute credit drain shown
+/// in 30 s is a time scale of 60).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeTimeScale {
+    pub node: String,
+    pub volume: String,
+    pub time_scale: f64,
+}
+
+/// What kind of limit a chokepoint volume is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChokepointKind {
+    /// IOPS flat at a ceiling below the peers, latency = outstanding / ceiling.
+    Throttled,
+    /// Throttled after a fine period, on a volume whose kind has burst credits (or is unknown).
+    CreditExhaustion,
+    /// Latency up without a ceiling: IOPS vary (closed-loop) or hold (open-loop).
+    FailSlow,
+    /// Sustained IO errors.
+    Erroring,
+}
+
+impl ChokepointKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChokepointKind::Throttled => "throttled",
+            ChokepointKind::CreditExhaustion => "credit exhaustion",
+            ChokepointKind::FailSlow => "fail-slow",
+            ChokepointKind::Erroring => "erroring",
+        }
+    }
+}
+
+/// Figures supporting a volume verdict, over the intervals from the onset to the end of the
+/// episode ("after"), against the same intervals of its peers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// Other volumes of its role.
+    pub peers: usize,
+    /// Intervals after the onset that were analyzed, and how many of them were flagged.
+    pub intervals: u32,
+    pub flagged_intervals: u32,
+    /// Mean IOPS before the onset (None when it was slow from the start).
+    pub iops_before: Option<f64>,
+    pub iops: f64,
+    /// Mean over the same intervals of the peers' median IOPS.
+    pub peer_iops: f64,
+    /// Robust coefficient of variation (MAD x 1.4826 / median) of its IOPS after the onset: low
+    /// means pinned at a ceiling.
+    pub iops_cv: f64,
+    /// Median over the intervals of its mean latency, and the peers' median of the same.
+    pub latency_mean_us: f64,
+    pub peer_latency_mean_us: f64,
+    /// How far its latency sits from its peers' in robust sigmas: over the same intervals, each
+    /// peer's median latency; then (ln of its own - median of the peers' ln) / (1.4826 x MAD).
+    /// `None` with fewer than 3 peers or no spread among them.
+    pub latency_robust_z: Option<f64>,
+    /// The peers' spread of latency (1.4826 x MAD of ln latency: 0.1 is about +-10%).
+    pub peer_latency_spread: f64,
+    /// Median over the intervals of each interval's p99 (a typical interval's p99; the merged
+    /// p99 over the whole period comes from the interval histograms in the report).
+    pub p99_us: f64,
+    pub peer_p99_us: f64,
+    /// Mean outstanding IOs measured, and what Little's law predicts from IOPS x latency: they
+    /// agree when the queue is real and waiting on the device.
+    pub outstanding: f64,
+    pub littles_outstanding: f64,
+    pub configured_depth: u32,
+    pub target_iops: Option<f64>,
+    /// Errors / (IOs + errors) after the onset.
+    pub error_fraction: f64,
+    /// Whether the volume was fine (at its peers' level) before the onset.
+    pub fine_before: bool,
+    pub credit: Option<CreditCheck>,
+}
+
+/// Credit-model evidence for a throttled volume with a burstable model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreditCheck {
+    pub model: CreditModel,
+    pub time_scale: f64,
+    /// Mean credit demand (IOPS or MiB/s) before the onset.
+    pub demand_before: f64,
+    /// When a full bucket runs out at that demand (ms since the run's start).
+    pub forecast_onset_ms: Option<u64>,
+    /// Whether the measured onset is within the tolerance of the forecast.
+    pub onset_matches_forecast: bool,
+    /// Whether the rate after the onset sits at the model's baseline (within 15%).
+    pub at_baseline: bool,
+    /// The rate after the onset in the model's unit.
+    pub rate_after: f64,
+}
+
+/// How much faster the cluster would be if the chokepoint performed like its peers' median,
+/// over the intervals after the onset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Impact {
+    /// Independent workloads: cluster IOPS with the chokepoint's IOPS replaced by its peers'
+    /// median, divided by the cluster IOPS measured.
+    pub independent_speedup: f64,
+    /// Barrier-coupled workloads (a stage waits for the slowest, like a Hadoop stage): the
+    /// completion time ratio, peers' median throughput / chokepoint throughput.
+    pub barrier_speedup: f64,
+    /// Chokepoint latency / peers' median latency.
+    pub latency_ratio: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeVerdict {
+    pub node: String,
+    pub volume: String,
+    pub role: String,
+    pub model: Option<VolumeModel>,
+    pub kind: ChokepointKind,
+    /// Start of the onset interval, ms since the run's start.
+    pub onset_ms: u64,
+    pub onset_interval: usize,
+    /// Peak score of its worst episode (net flagged intervals).
+    pub score: u32,
+    pub evidence: Evidence,
+    pub impact: Impact,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeVerdict {
+    pub node: String,
+    /// The node's volumes that degraded, of `volumes_total` on the node.
+    pub volumes: Vec<String>,
+    pub volumes_total: usize,
+    pub onset_ms: u64,
+    pub onset_interval: usize,
+    pub score: u32,
+    /// Mean total IOPS of the node after the onset, and the sum of its volumes' peer medians.
+    pub iops: f64,
+    pub peer_iops: f64,
+    /// Robust coefficient of variation of the node's total IOPS after the onset: low means a
+    /// shared ceiling (instance IOPS or bandwidth cap).
+    pub iops_cv: f64,
+    pub impact: Impact,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterVerdict {
+    pub roles: Vec<String>,
+    pub onset_ms: u64,
+    pub onset_interval: usize,
+    /// Role median latency during the slowdown / before it (the largest over the roles).
+    pub latency_factor: f64,
+    /// Role median IOPS during the slowdown / before it (for the same role).
+    pub iops_factor: f64,
+    /// Volumes whose mean latency rose by more than half, of the volumes of those roles.
+    pub volumes_degraded: usize,
+    pub volumes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadGeneratorEvidence {
+    /// Closed-loop volumes whose mean outstanding IOs stayed below the configured depth
+    /// fraction, of all closed-loop volumes.
+    pub volumes_below: usize,
+    pub volumes_closed_loop: usize,
+    /// Median over those volumes of mean outstanding / configured depth.
+    pub outstanding_ratio: f64,
+}
+
+/// The finder's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // one per report; boxing would only complicate matching
+pub enum Verdict {
+    /// No volume stayed slower than its peers, nothing degraded together.
+    None,
+    Volume(VolumeVerdict),
+    Node(NodeVerdict),
+    ClusterWide(ClusterVerdict),
+    /// The load generator, not the storage, limits the run.
+    LoadGeneratorBound(LoadGeneratorEvidence),
+}
+
+/// A volume's standing, for the live view and `results.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeScore {
+    pub node: String,
+    pub volume: String,
+    pub role: String,
+    /// Score at the end of the data (what the live view shows as the current suspect).
+    pub score: u32,
+    /// Highest score reached.
+    pub peak_score: u32,
+    pub flagged_intervals: u32,
+    /// Whether its score reached the persistence threshold at some point.
+    pub suspect: bool,
+    /// First flagged interval of its worst episode (unrefined onset), ms since the start.
+    pub episode_start_ms: Option<u64>,
+}
+
+/// A cluster-wide episode of one role.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterEpisode {
+    pub role: String,
+    pub start_ms: u64,
+    pub end_ms: Option<u64>,
+    pub peak_score: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChokepointReport {
+    pub verdict: Verdict,
+    /// Other node or volume verdicts, weaker than the main one (independent problems).
+    pub also: Vec<Verdict>,
+    pub interval_ms: u64,
+    pub intervals: usize,
+    /// End of the last interval analyzed (a live run analyzes the data so far).
+    pub analyzed_through_ms: u64,
+    pub volumes: Vec<VolumeScore>,
+    pub cluster_episodes: Vec<ClusterEpisode>,
+    pub forecasts: Vec<CreditForecast>,
+    /// Queue-depth evidence when the closed-loop volumes keep fewer IOs in flight than
+    /// configured (also when it is not the verdict).
+    pub load_generator: Option<LoadGeneratorEvidence>,
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const LAT_PEER: u8 = 1;
+const IOPS_PEER: u8 = 2;
+const LAT_HIST: u8 = 4;
+const ERR: u8 = 8;
+/// Flags that count towards a volume's score.
+const FLAGGED: u8 = LAT_PEER | IOPS_PEER | LAT_HIST | ERR;
+/// Degraded, without being flagged: past the geometric half-way point of a rule (IOPS below
+/// 0.71x the peers', latency above 2.2x theirs or 1.7x its own p90). The cluster-wide guard
+/// counts these too: when a third or half of a role slows down together, the peers' median
+/// moves into the slow group now and then and the flagged count flickers around the guard's
+/// threshold, while the degraded count does not.
+const DEGRADED: u8 = 16;
+
+/// Smallest step (in badness, i.e. log ratio to peers, or in error indicator) the onset split
+/// accepts: ln 1.5, well above the segment means' noise over a 30-interval window.
+const MIN_STEP: f64 = 0.4;
+
+/// Badness (log deviation from peers) is capped (at 150x) so one dead interval does not
+/// outweigh a whole segment in the onset split.
+const BADNESS_CAP: f64 = 5.0;
+
+struct Role {
+    name: String,
+    members: Vec<usize>,
+}
+
+struct Layout {
+    interval_ms: u64,
+    intervals: usize,
+    roles: Vec<Role>,
+    role_of: Vec<usize>,
+    end_ms: u64,
+}
+
+impl Layout {
+    fn new(t: &Timeline) -> Layout {
+        let interval_ms = if t.interval_ms > 0 {
+            t.interval_ms
+        } else {
+            t.volumes
+                .iter()
+                .flat_map(|v| v.points.first())
+                .map(|p| p.len_ms)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        };
+        let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut roles: Vec<Role> = Vec::new();
+        let mut role_of = Vec::with_capacity(t.volumes.len());
+        let (mut intervals, mut end_ms) = (0, 0);
+        for (v, s) in t.volumes.iter().enumerate() {
+            let r = *by_name.entry(s.role.as_str()).or_insert_with(|| {
+                roles.push(Role {
+                    name: s.role.clone(),
+                    members: Vec::new(),
+                });
+                roles.len() - 1
+            });
+            roles[r].members.push(v);
+            role_of.push(r);
+            if let Some(p) = s.points.iter().rev().find(|p| p.len_ms > 0) {
+                intervals = intervals.max(index(p, interval_ms) + 1);
+                end_ms = end_ms.max(p.t_ms);
+            }
+        }
+        Layout {
+            interval_ms,
+            intervals,
+            roles,
+            role_of,
+            end_ms,
+        }
+    }
+    fn start_ms(&self, idx: usize) -> u64 {
+        idx as u64 * self.interval_ms
+    }
+}
+
+/// Interval index of a point: its start (t_ms is its end; the last interval may be short).
+fn index(p: &VolumePoint, interval_ms: u64) -> usize {
+    (p.t_ms.saturating_sub(p.len_ms) / interval_ms) as usize
+}
+
+fn has_latency(p: &VolumePoint) -> bool {
+    p.ios[0] + p.ios[1] > 0 && p.lat_mean_us > 0.0 && p.lat_mean_us.is_finite()
+}
+
+/// One role's peers in one interval.
+#[derive(Debug, Clone, Copy, Default)]
+struct PeerStats {
+    /// Mean latency of the volumes that completed IOs.
+    lat: Center,
+    iops: Center,
+    out_med: f64,
+    p99_med: f64,
+}
+
+/// Per role, per interval peer statistics, and per interval the cluster's total IOPS.
+struct Peers {
+    roles: Vec<Vec<PeerStats>>,
+    cluster_iops: Vec<f64>,
+}
+
+const BLOCK: usize = 32;
+
+fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
+    let n = lay.intervals;
+    let mut cluster_iops = vec![0.0; n];
+    let mut roles = Vec::with_capacity(lay.roles.len());
+    // Buffers per interval slot of a block; values of one metric for one interval are contiguous
+    // so the selection runs on them in place, while each volume's points are read sequentially.
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    let mut iops: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    let mut out: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    let mut p99: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    for role in &lay.roles {
+        let mut cursor = vec![0usize; role.members.len()];
+        let mut stats = vec![PeerStats::default(); n];
+        for block in (0..n).step_by(BLOCK) {
+            let block_end = (block + BLOCK).min(n);
+            for b in 0..BLOCK {
+                lat[b].clear();
+                iops[b].clear();
+                out[b].clear();
+                p99[b].clear();
+            }
+            for (m, &v) in role.members.iter().enumerate() {
+                let pts = &t.volumes[v].points;
+                let mut c = cursor[m];
+                while c < pts.len() {
+                    let p = &pts[c];
+                    if p.len_ms == 0 {
+                        c += 1;
+                        continue;
+                    }
+                    let i = index(p, lay.interval_ms);
+                    if i >= block_end {
+                        break;
+                    }
+                    c += 1;
+                    if i < block {
+                        continue;
+                    }
+                    let slot = i - block;
+                    let x = p.iops();
+                    iops[slot].push(x);
+                    cluster_iops[i] += x;
+                    out[slot].push(p.outstanding);
+                    if has_latency(p) {
+                        lat[slot].push(p.lat_mean_us);
+                        p99[slot].push(p.lat_p99_us);
+                    }
+                }
+                cursor[m] = c;
+            }
+            for (slot, s) in stats[block..block_end].iter_mut().enumerate() {
+                *s = interval_stats(
+                    &mut lat[slot],
+                    &mut iops[slot],
+                    &mut out[slot],
+                    &mut p99[slot],
+                );
+            }
+        }
+        roles.push(stats);
+    }
+    Peers {
+        roles,
+        cluster_iops,
+    }
+}
+
+fn interval_stats(
+    lat: &mut [f64],
+    iops: &mut [f64],
+    out: &mut [f64],
+    p99: &mut [f64],
+) -> PeerStats {
+    let lat_c = Center::of(lat).unwrap_or_default();
+    let iops_c = Center::of(iops).unwrap_or_default();
+    PeerStats {
+        lat: lat_c,
+        iops: iops_c,
+        out_med: stats::median(out).unwrap_or(0.0),
+        p99_med: stats::median(p99).unwrap_or(0.0),
+    }
+}
+
+/// A volume's interval against its peers.
+#[derive(Debug, Clone, Copy)]
+struct Relative {
+    /// Latency / peers' median latency (None without completions or peers' latency).
+    r_lat: Option<f64>,
+    /// IOPS / peers' median IOPS (None without peers).
+    r_iops: Option<f64>,
+    peer_lat: Option<f64>,
+    peer_iops: Option<f64>,
+    busy: bool,
+}
+
+fn relative(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Relative {
+    let has_lat = has_latency(p);
+    let iops = p.iops();
+    let peer_iops = ps.iops.median_without(iops).filter(|&m| m > 0.0);
+    let peer_lat = if has_lat {
+        ps.lat.median_without(p.lat_mean_us)
+    } else {
+        Some(ps.lat.median())
+    }
+    .filter(|&m| m > 0.0 && ps.lat.n > 0);
+    let r_lat = if has_lat {
+        peer_lat.map(|m| p.lat_mean_us / m)
+    } else {
+        None
+    };
+    let r_iops = peer_iops.map(|m| iops / m);
+    let busy = p.outstanding >= opts.busy_outstanding_fraction * ps.out_med
+        || r_lat.is_some_and(|r| r > 1.5)
+        || (!has_lat && p.outstanding > 0.0);
+    Relative {
+        r_lat,
+        r_iops,
+        peer_lat,
+        peer_iops,
+        busy,
+    }
+}
+
+fn flags(p: &VolumePoint, ps: &PeerStats, hist_p90: Option<f64>, opts: &AnalysisOptions) -> u8 {
+    let rel = relative(p, ps, opts);
+    let mut f = 0;
+    let mut rule = |ratio: f64, limit: f64, bit: u8| {
+        // ratio and limit are "more is worse" (> 1).
+        if ratio > limit {
+            f |= bit;
+        }
+        if ratio > limit.sqrt() {
+            f |= DEGRADED;
+        }
+    };
+    if let Some(r) = rel.r_lat {
+        // Latency normalized by throughput: a volume doing more IOs than its peers may be
+        // slower in proportion without being the problem.
+        rule(
+            r / rel.r_iops.unwrap_or(1.0).max(1.0),
+            opts.peer_latency_factor,
+            LAT_PEER,
+        );
+    }
+    if let (true, Some(r)) = (rel.busy, rel.r_iops) {
+        rule(1.0 / r.max(1e-12), 1.0 / opts.peer_iops_fraction, IOPS_PEER);
+    }
+    if let (Some(p90), true) = (hist_p90, has_latency(p)) {
+        rule(p.lat_mean_us / p90, opts.history_latency_factor, LAT_HIST);
+    }
+    let errors = p.errors[0] + p.errors[1];
+    if errors > 0 {
+        let frac = errors as f64 / (errors + p.ios[0] + p.ios[1]) as f64;
+        if frac > opts.error_fraction {
+            f |= ERR;
+        }
+    }
+    f
+}
+
+/// Deviation from peers in one interval, for the onset split: the log of how much slower or
+/// less productive than its peers the volume is (0 when at or better than them).
+fn badness(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> f64 {
+    let rel = relative(p, ps, opts);
+    if !has_latency(p) && rel.busy {
+        return BADNESS_CAP;
+    }
+    let lat = rel
+        .r_lat
+        .map_or(0.0, |r| (r / rel.r_iops.unwrap_or(1.0).max(1.0)).ln());
+    let iops = if rel.busy {
+        rel.r_iops.map_or(0.0, |r| -(r.max(1e-9)).ln())
+    } else {
+        0.0
+    };
+    lat.max(iops).clamp(0.0, BADNESS_CAP)
+}
+
+fn error_indicator(p: &VolumePoint) -> f64 {
+    if p.errors[0] + p.errors[1] > 0 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The p90 of a volume's mean latency over its history window, and the first interval the
+/// history rule applies to. None until half the window has data (a live run's first minute).
+fn own_history(
+    s: &VolumeSeries,
+    lay: &Layout,
+    opts: &AnalysisOptions,
+    buf: &mut Vec<f64>,
+) -> Option<(f64, usize)> {
+    let from = opts.warmup_intervals;
+    let to = from + opts.history_intervals.max(1);
+    buf.clear();
+    for p in &s.points {
+        if p.len_ms == 0 {
+            continue;
+        }
+        let i = index(p, lay.interval_ms);
+        if i >= to {
+            break;
+        }
+        if i >= from && has_latency(p) {
+            buf.push(p.lat_mean_us);
+        }
+    }
+    if buf.len() * 2 < opts.history_intervals.max(1) {
+        return None;
+    }
+    stats::quantile(buf, 0.9).map(|p90| (p90, to))
+}
+
+/// A run of flagged intervals whose score reached the persistence threshold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Episode {
+    /// First flagged interval of the run.
+    start: usize,
+    /// Interval where the score reached the threshold.
+    blamed_at: usize,
+    /// First interval after it where the score was back at 0 (the end of the data if never).
+    end: usize,
+    /// Last flagged interval before `end`: the effect is over after it (the score then decays
+    /// for as many intervals as it built up, which are not evidence).
+    last: usize,
+    /// End of the volume's previous episode (0 if none): the onset search reaches back to it,
+    /// because a change that flags only some intervals (an erratic fail-slow) can take several
+    /// short runs before one reaches the threshold.
+    after: usize,
+    peak: u32,
+}
+
+/// Score with hysteresis: +1 per flagged interval, -1 per clean one (floored at 0); an episode
+/// opens when the score reaches the threshold and closes when it is back at 0.
+#[derive(Debug, Clone, Default)]
+struct Persistence {
+    score: u32,
+    peak: u32,
+    flagged: u32,
+    run_start: usize,
+    open: Option<Episode>,
+    best: Option<Episode>,
+    all: Vec<Episode>,
+    last_end: usize,
+}
+
+impl Persistence {
+    /// `None`: a neutral interval (cluster-wide event), which neither raises nor lowers it.
+    fn step(&mut self, idx: usize, flagged: Option<bool>, threshold: u32) {
+        match flagged {
+            None => {}
+            Some(true) => {
+                if self.score == 0 {
+                    self.run_start = idx;
+                }
+                self.score += 1;
+                self.flagged += 1;
+                self.peak = self.peak.max(self.score);
+                match &mut self.open {
+                    Some(e) => {
+                        e.peak = e.peak.max(self.score);
+                        e.last = idx;
+                    }
+                    None if self.score >= threshold.max(1) => {
+                        self.open = Some(Episode {
+                            start: self.run_start,
+                            blamed_at: idx,
+                            end: usize::MAX,
+                            last: idx,
+                            after: self.last_end,
+                            peak: self.score,
+                        })
+                    }
+                    None => {}
+                }
+            }
+            Some(false) => {
+                self.score = self.score.saturating_sub(1);
+                if self.score == 0
+                    && let Some(mut e) = self.open.take()
+                {
+                    e.end = idx;
+                    self.keep(e);
+                }
+            }
+        }
+    }
+    fn keep(&mut self, e: Episode) {
+        self.last_end = e.end;
+        self.all.push(e);
+        if self.best.is_none_or(|b| e.peak > b.peak) {
+            self.best = Some(e);
+        }
+    }
+    fn finish(&mut self, end: usize) {
+        if let Some(mut e) = self.open.take() {
+            e.end = end;
+            self.keep(e);
+        }
+    }
+}
+
+/// Analyzes a run's timeline (complete or the data so far) and names its chokepoint.
+///
+/// Pure and deterministic: the same timeline and options give the same report. Each volume's
+/// points must be in time order (as the coordinator appends them); volumes may have different
+/// lengths (a lost agent, a live run's stragglers) and points with `len_ms == 0` are ignored.
+pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
+    let lay = Layout::new(t);
+    let n = lay.intervals;
+    let peers = peer_stats(t, &lay);
+    let threshold = opts.persistence.max(1);
+
+    // Pass 1 over the volumes: own history, and how many volumes of each role are degraded (or
+    // flagged) in each interval (the cluster-wide guard needs these before any volume is scored).
+    let mut hist: Vec<Option<(f64, usize)>> = Vec::with_capacity(t.volumes.len());
+    let mut degraded_count: Vec<Vec<u32>> = vec![vec![0; n]; lay.roles.len()];
+    let mut buf = Vec::new();
+    let mut depth_ratios: Vec<f64> = Vec::new();
+    for (v, s) in t.volumes.iter().enumerate() {
+        let h = own_history(s, &lay, opts, &mut buf);
+        hist.push(h);
+        let r = lay.role_of[v];
+        let (mut out_sum, mut out_n) = (0.0, 0usize);
+        for p in s.points.iter().filter(|p| p.len_ms > 0) {
+            let i = index(p, lay.interval_ms);
+            let hp = h.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
+            // Degraded or flagged.
+            if flags(p, &peers.roles[r][i], hp, opts) != 0 {
+                degraded_count[r][i] += 1;
+            }
+            out_sum += p.outstanding;
+            out_n += 1;
+        }
+        if s.configured_depth > 0 && out_n > 0 {
+            depth_ratios.push(out_sum / out_n as f64 / s.configured_depth as f64);
+        }
+    }
+
+    // Cluster-wide guard per role: many volumes degraded together, or the role's median latency
+    // far above its own history.
+    let mut neutral: Vec<Vec<bool>> = Vec::with_capacity(lay.roles.len());
+    let mut cluster_eps: Vec<(usize, Episode)> = Vec::new();
+    let mut cluster_all: Vec<(usize, Episode)> = Vec::new();
+    for (r, role_stats) in peers.roles.iter().enumerate() {
+        let medians: Vec<f64> = role_stats
+            .iter()
+            .map(|s| if s.lat.n > 0 { s.lat.median() } else { 0.0 })
+            .collect();
+        let base = role_history(&medians, opts);
+        let marks: Vec<bool> = (0..n)
+            .map(|i| {
+                let c = degraded_count[r][i];
+                let active = role_stats[i].iops.n;
+                let many = c >= 2 && c as f64 > opts.cluster_fraction * active as f64;
+                let slow = base.is_some_and(|(b, from)| {
+                    i >= from && medians[i] > opts.cluster_latency_factor * b
+                });
+                many || slow
+            })
+            .collect();
+        let mut pers = Persistence::default();
+        for (i, &m) in marks.iter().enumerate() {
+            if role_stats[i].iops.n > 0 {
+                pers.step(i, Some(m), threshold);
+            }
+        }
+        pers.finish(n);
+        if let Some(e) = pers.best {
+            cluster_eps.push((r, e));
+        }
+        // Marked intervals are neutral for single volumes, and so is the neighbourhood of a
+        // persistent cluster-wide episode: a slowdown that spreads over a few intervals must
+        // not blame the volumes it reached first. An isolated mark (a burst on a peer while a
+        // culprit is flagged, in a small role) only neutralizes its own interval.
+        let mut neutral_r = marks;
+        let w = threshold as usize;
+        for e in &pers.all {
+            let to = (e.last + w + 1).min(n);
+            neutral_r[e.start.saturating_sub(w)..to]
+                .iter_mut()
+                .for_each(|x| *x = true);
+        }
+        cluster_all.extend(pers.all.iter().map(|&e| (r, e)));
+        neutral.push(neutral_r);
+    }
+
+    // Pass 2: score every volume.
+    let mut tracks: Vec<Persistence> = Vec::with_capacity(t.volumes.len());
+    for (v, s) in t.volumes.iter().enumerate() {
+        let r = lay.role_of[v];
+        let mut pers = Persistence::default();
+        for p in s.points.iter().filter(|p| p.len_ms > 0) {
+            let i = index(p, lay.interval_ms);
+            if neutral[r][i] {
+                pers.step(i, None, threshold);
+                continue;
+            }
+            let hp = hist[v].filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
+            pers.step(
+                i,
+                Some(flags(p, &peers.roles[r][i], hp, opts) & FLAGGED != 0),
+                threshold,
+            );
+        }
+        pers.finish(n);
+        tracks.push(pers);
+    }
+
+    let ctx = Ctx {
+        t,
+        lay: &lay,
+        peers: &peers,
+        opts,
+        hist: &hist,
+        neutral: &neutral,
+    };
+    let volumes: Vec<VolumeScore> = t
+        .volumes
+        .iter()
+        .zip(&tracks)
+        .map(|(s, p)| VolumeScore {
+            node: s.node.clone(),
+            volume: s.volume.clone(),
+            role: s.role.clone(),
+            score: p.score,
+            peak_score: p.peak,
+            flagged_intervals: p.flagged,
+            suspect: p.best.is_some(),
+            episode_start_ms: p.best.map(|e| lay.start_ms(e.start)),
+        })
+        .collect();
+
+    // Suspects, less those whose episode began with a cluster-wide episode of their role.
+    let suspects: Vec<(usize, Episode)> = tracks
+        .iter()
+        .enumerate()
+        .filter_map(|(v, p)| p.best.map(|e| (v, e)))
+        .filter(|&(v, e)| {
+            !cluster_all.iter().any(|&(r, c)| {
+                r == lay.role_of[v]
+                    && e.start + 2 * threshold as usize >= c.start
+                    && e.start <= c.start + 2 * threshold as usize
+            })
+        })
+        .collect();
+
+    let mut candidates = node_and_volume_verdicts(&ctx, &suspects);
+    let cluster = cluster_verdict(&ctx, &cluster_eps);
+    let load_generator = load_generator_evidence(&depth_ratios, opts);
+
+    // Many nodes limited at once is not one node.
+    let node_count = t
+        .volumes
+        .iter()
+        .map(|s| s.node.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let limited_nodes = candidates
+        .iter()
+        .filter(|(c, _)| matches!(c, Verdict::Node(_)))
+        .count();
+    let verdict;
+    let mut also = Vec::new();
+    if let (true, Some(c)) = (
+        limited_nodes >= 2 && limited_nodes as f64 > opts.cluster_fraction * node_count as f64,
+        &cluster,
+    ) {
+        verdict = c.clone();
+        also.extend(candidates.drain(..).map(|(c, _)| c));
+    } else if !candidates.is_empty() {
+        // The worst first: the longest net-flagged run, then the earliest onset.
+        candidates.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.1.1.cmp(&b.1.1)));
+        let mut it = candidates.into_iter().map(|(c, _)| c);
+        verdict = it.next().unwrap_or(Verdict::None);
+        also.extend(it);
+        also.extend(cluster.clone());
+    } else if let Some(c) = cluster {
+        verdict = c;
+    } else if let Some(lg) = load_generator.clone().filter(|lg| {
+        lg.volumes_closed_loop > 0 && lg.volumes_below as f64 >= 0.9 * lg.volumes_closed_loop as f64
+    }) {
+        verdict = Verdict::LoadGeneratorBound(lg);
+    } else {
+        verdict = Verdict::None;
+    }
+
+    let scales = TimeScales::new(opts);
+    let forecasts = t
+        .volumes
+        .iter()
+        .filter_map(|s| {
+            let m = CreditModel::for_volume(s.model.as_ref()?)?;
+            Some(credit::forecast(
+                &s.node,
+                &s.volume,
+                &m,
+                &s.points,
+                scales.of(s),
+                opts.forecast_window,
+            ))
+        })
+        .collect();
+
+    let cluster_episodes = cluster_eps
+        .iter()
+        .map(|&(r, e)| ClusterEpisode {
+            role: lay.roles[r].name.clone(),
+            start_ms: lay.start_ms(e.start),
+            end_ms: (e.end < n).then(|| lay.start_ms(e.end)),
+            peak_score: e.peak,
+        })
+        .collect();
+
+    ChokepointReport {
+        verdict,
+        also,
+        interval_ms: lay.interval_ms,
+        intervals: n,
+        analyzed_through_ms: lay.end_ms,
+        volumes,
+        cluster_episodes,
+        forecasts,
+        load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
+    }
+}
+
+/// Baseline of a role's median latency series: its median over the history window.
+fn role_history(medians: &[f64], opts: &AnalysisOptions) -> Option<(f64, usize)> {
+    let from = opts.warmup_intervals.min(medians.len());
+    let to = (from + opts.history_intervals.max(1)).min(medians.len());
+    let mut xs: Vec<f64> = medians[from..to]
+        .iter()
+        .copied()
+        .filter(|&m| m > 0.0)
+        .collect();
+    if xs.len() * 2 < opts.history_intervals.max(1) {
+        return None;
+    }
+    stats::median(&mut xs).map(|m| (m, to))
+}
+
+/// Time scales by (node, volume).
+struct TimeScales<'a> {
+    by_volume: HashMap<(&'a str, &'a str), f64>,
+    default: f64,
+}
+
+impl<'a> TimeScales<'a> {
+    fn new(opts: &'a AnalysisOptions) -> Self {
+        let by_volume = opts
+            .time_scales
+            .iter()
+            .map(|ts| ((ts.node.as_str(), ts.volume.as_str()), ts.time_scale))
+            .collect();
+        TimeScales {
+            by_volume,
+            default: opts.default_time_scale,
+        }
+    }
+    fn of(&self, s: &VolumeSeries) -> f64 {
+        self.by_volume
+            .get(&(s.node.as_str(), s.volume.as_str()))
+            .copied()
+            .unwrap_or(self.default)
+            .max(f64::MIN_POSITIVE)
+    }
+}
+
+struct Ctx<'a> {
+    t: &'a Timeline,
+    lay: &'a Layout,
+    peers: &'a Peers,
+    opts: &'a AnalysisOptions,
+    hist: &'a [Option<(f64, usize)>],
+    /// Per role, intervals that are cluster-wide events (see the guard in `analyze`).
+    neutral: &'a [Vec<bool>],
+}
+
+impl Ctx<'_> {
+    /// A volume's points in the intervals from..to, with their interval index (points are in
+    /// time order, so the window is found by bisection).
+    fn points(
+        &self,
+        v: usize,
+        from: usize,
+        to: usize,
+    ) -> impl Iterator<Item = (usize, &VolumePoint)> {
+        let iv = self.lay.interval_ms;
+        let pts = &self.t.volumes[v].points;
+        let start = pts.partition_point(|p| index(p, iv) < from);
+        pts[start..]
+            .iter()
+            .filter(|p| p.len_ms > 0)
+            .map(move |p| (index(p, iv), p))
+            .take_while(move |&(i, _)| i < to)
+    }
+    fn stats(&self, v: usize, i: usize) -> &PeerStats {
+        &self.peers.roles[self.lay.role_of[v]][i]
+    }
+    fn first_index(&self, v: usize) -> usize {
+        self.t.volumes[v]
+            .points
+            .iter()
+            .find(|p| p.len_ms > 0)
+            .map_or(0, |p| index(p, self.lay.interval_ms))
+    }
+
+    /// Refines an episode's start into the onset: the best two-segment split of the volume's
+    /// deviation from its peers around the first flagged interval.
+    fn onset(&self, v: usize, e: &Episode, errors: bool) -> usize {
+        let first = self.first_index(v);
+        if e.start <= first {
+            // Slow from its first interval: nothing before to split from.
+            return first;
+        }
+        let w = self.opts.onset_window.max(2);
+        let lo = e.after.max(first);
+        let hi = (e.last + 1).min(e.blamed_at + w).max(e.blamed_at + 1);
+        // Cluster-wide intervals say nothing about the volume against its peers (all slowed
+        // together, it looks normal there): they are left out, as they are from its score.
+        let neutral = &self.neutral[self.lay.role_of[v]];
+        let xs: Vec<(usize, f64)> = self
+            .points(v, lo, hi)
+            .filter(|&(i, _)| !neutral[i])
+            .map(|(i, p)| {
+                let x = if errors {
+                    error_indicator(p)
+                } else {
+                    badness(p, self.stats(v, i), self.opts)
+                };
+                (i, x)
+            })
+            .collect();
+        let vals: Vec<f64> = xs.iter().map(|&(_, x)| x).collect();
+        let hint = xs.iter().position(|&(i, _)| i >= e.start).unwrap_or(0);
+        match stats::step_onset(&vals, MIN_STEP, hint) {
+            Some(k) => xs[k].0,
+            // A window that is bad throughout has no step to find: bad since the volume's first
+            // interval (its first intervals merely missed a threshold), or since its last
+            // episode, or we keep the first flagged interval.
+            None if lo == first => first,
+            None => e.start,
+        }
+    }
+
+    fn volume_verdict(&self, v: usize, e: &Episode) -> (VolumeVerdict, usize) {
+        let s = &self.t.volumes[v];
+        let opts = self.opts;
+        let first = self.first_index(v);
+        // Errors dominate the episode's flags: the onset is when errors began.
+        let (mut err_flags, mut all_flags) = (0u32, 0u32);
+        for (i, p) in self.points(v, e.start, e.last + 1) {
+            let f = flags(p, self.stats(v, i), self.hist_p90(v, i), opts);
+            all_flags += (f & FLAGGED != 0) as u32;
+            err_flags += (f & ERR != 0) as u32;
+        }
+        let erroring = err_flags * 2 >= all_flags.max(1);
+        let onset = self.onset(v, e, erroring);
+        let end = (e.last + 1).max(onset + 1);
+
+        let mut ev = Evidence {
+            peers: self.lay.roles[self.lay.role_of[v]]
+                .members
+                .len()
+                .saturating_sub(1),
+            configured_depth: s.configured_depth,
+            target_iops: s.target_iops,
+            ..Default::default()
+        };
+        let (mut iops, mut peer_iops, mut lat, mut peer_lat, mut p99, mut peer_p99) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let (mut out, mut little, mut errors, mut ios, mut cluster, mut r_iops_sum) =
+            (0.0, 0.0, 0u64, 0u64, 0.0, 0.0);
+        for (i, p) in self.points(v, onset, end) {
+            let ps = self.stats(v, i);
+            let rel = relative(p, ps, opts);
+            let f = flags(p, ps, self.hist_p90(v, i), opts);
+            ev.intervals += 1;
+            ev.flagged_intervals += (f & FLAGGED != 0) as u32;
+            iops.push(p.iops());
+            peer_iops.push(rel.peer_iops.unwrap_or(0.0));
+            r_iops_sum += rel.r_iops.unwrap_or(1.0);
+            if has_latency(p) {
+                lat.push(p.lat_mean_us);
+                p99.push(p.lat_p99_us);
+                little += p.iops() * p.lat_mean_us / 1e6;
+            }
+            if let Some(pl) = rel.peer_lat {
+                peer_lat.push(pl);
+            }
+            peer_p99.push(ps.p99_med);
+            out += p.outstanding;
+            errors += p.errors[0] + p.errors[1];
+            ios += p.ios[0] + p.ios[1];
+            cluster += self.peers.cluster_iops[i];
+        }
+        let k = ev.intervals.max(1) as f64;
+        ev.iops = mean(&iops);
+        ev.iops_cv = stats::robust_cv(&mut iops).unwrap_or(0.0);
+        ev.peer_iops = mean(&peer_iops);
+        ev.latency_mean_us = stats::median(&mut lat).unwrap_or(0.0);
+        ev.peer_latency_mean_us = stats::median(&mut peer_lat).unwrap_or(0.0);
+        ev.p99_us = stats::median(&mut p99).unwrap_or(0.0);
+        ev.peer_p99_us = stats::median(&mut peer_p99).unwrap_or(0.0);
+        ev.outstanding = out / k;
+        (ev.latency_robust_z, ev.peer_latency_spread) =
+            self.robust_z(v, onset, end, ev.latency_mean_us);
+        ev.littles_outstanding = little / k;
+        ev.error_fraction = if errors + ios > 0 {
+            errors as f64 / (errors + ios) as f64
+        } else {
+            0.0
+        };
+
+        // Before the onset: the volume's own level and whether it was at its peers'.
+        let (mut before, mut bad_before) = (Vec::new(), Vec::new());
+        for (i, p) in self.points(v, first, onset) {
+            before.push(p.iops());
+            bad_before.push(badness(p, self.stats(v, i), opts));
+        }
+        ev.iops_before = (!before.is_empty()).then(|| mean(&before));
+        ev.fine_before = before.len() >= opts.persistence as usize
+            && stats::median(&mut bad_before).is_some_and(|b| b < 0.3);
+
+        let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
+        let pinned = ev.iops_cv <= opts.throttle_cv && r_iops_sum / k <= 0.8;
+        let kind = if erroring {
+            ChokepointKind::Erroring
+        } else if pinned {
+            let burstable =
+                credit_model.is_some() || s.model.as_ref().is_none_or(|m| m.kind.is_empty());
+            if ev.fine_before && burstable {
+                ChokepointKind::CreditExhaustion
+            } else {
+                ChokepointKind::Throttled
+            }
+        } else {
+            ChokepointKind::FailSlow
+        };
+
+        if let Some(m) = credit_model {
+            let ts = TimeScales::new(opts).of(s);
+            let pre: Vec<f64> = self
+                .points(v, first, onset)
+                .map(|(_, p)| m.demand(p))
+                .collect();
+            let post: Vec<f64> = self
+                .points(v, onset, end)
+                .map(|(_, p)| m.demand(p))
+                .collect();
+            let demand_before = mean(&pre);
+            let rate_after = mean(&post);
+            let forecast_onset_ms = (!pre.is_empty())
+                .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
+                .flatten()
+                .map(|s| self.lay.start_ms(first) + (s * 1000.0).round() as u64);
+            let onset_ms = self.lay.start_ms(onset);
+            let matches = forecast_onset_ms.is_some_and(|f| {
+                (f as f64 - onset_ms as f64).abs()
+                    <= opts.forecast_tolerance * f as f64 + 2.0 * self.lay.interval_ms as f64
+            });
+            ev.credit = Some(CreditCheck {
+                model: m.clone(),
+                time_scale: ts,
+                demand_before,
+                forecast_onset_ms,
+                onset_matches_forecast: matches,
+                at_baseline: (rate_after - m.baseline).abs() <= 0.15 * m.baseline,
+                rate_after,
+            });
+        }
+
+        let impact = impact(
+            cluster / k,
+            ev.iops,
+            ev.peer_iops,
+            ev.latency_mean_us,
+            ev.peer_latency_mean_us,
+        );
+        let verdict = VolumeVerdict {
+            node: s.node.clone(),
+            volume: s.volume.clone(),
+            role: s.role.clone(),
+            model: s.model.clone(),
+            kind,
+            onset_ms: self.lay.start_ms(onset),
+            onset_interval: onset,
+            score: e.peak,
+            evidence: ev,
+            impact,
+        };
+        (verdict, onset)
+    }
+
+    /// See [`Evidence::latency_robust_z`].
+    fn robust_z(&self, v: usize, from: usize, to: usize, lat: f64) -> (Option<f64>, f64) {
+        let mut peer_logs = Vec::new();
+        let mut buf = Vec::new();
+        for &u in &self.lay.roles[self.lay.role_of[v]].members {
+            if u == v {
+                continue;
+            }
+            buf.clear();
+            buf.extend(
+                self.points(u, from, to)
+                    .filter(|(_, p)| has_latency(p))
+                    .map(|(_, p)| p.lat_mean_us),
+            );
+            if let Some(m) = stats::median(&mut buf) {
+                peer_logs.push(m.ln());
+            }
+        }
+        if peer_logs.len() < 3 || lat.is_nan() || lat <= 0.0 {
+            return (None, 0.0);
+        }
+        let (m, mad) = stats::median_mad(&mut peer_logs).unwrap_or((0.0, 0.0));
+        let sigma = mad * MAD_TO_SIGMA;
+        ((sigma > 0.0).then(|| (lat.ln() - m) / sigma), sigma)
+    }
+
+    fn hist_p90(&self, v: usize, i: usize) -> Option<f64> {
+        self.hist[v]
+            .filter(|&(_, from)| i >= from)
+            .map(|(p90, _)| p90)
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+fn impact(cluster_iops: f64, iops: f64, peer_iops: f64, lat: f64, peer_lat: f64) -> Impact {
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 1.0 };
+    Impact {
+        independent_speedup: ratio(cluster_iops - iops + peer_iops, cluster_iops),
+        barrier_speedup: ratio(peer_iops, iops),
+        latency_ratio: ratio(lat, peer_lat),
+    }
+}
+
+/// Groups the suspects: all (or most) volumes of one node together are a node-level limit;
+/// the rest are volume verdicts. Each comes with its (peak score, onset) for ranking.
+fn node_and_volume_verdicts(
+    ctx: &Ctx,
+    suspects: &[(usize, Episode)],
+) -> Vec<(Verdict, (u32, usize))> {
+    let t = ctx.t;
+    let mut by_node: BTreeMap<&str, Vec<(usize, Episode)>> = BTreeMap::new();
+    for &(v, e) in suspects {
+        by_node
+            .entry(t.volumes[v].node.as_str())
+            .or_default()
+            .push((v, e));
+    }
+    let mut node_sizes: HashMap<&str, usize> = HashMap::new();
+    for s in &t.volumes {
+        *node_sizes.entry(s.node.as_str()).or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (node, group) in by_node {
+        let total = node_sizes[node];
+        let together =
+            group.iter().map(|(_, e)| e.start).max() <= group.iter().map(|(_, e)| e.last).min();
+        let needed = ((ctx.opts.node_fraction * total as f64).ceil() as usize).max(2);
+        if total >= 2 && group.len() >= needed && together {
+            out.push(node_verdict(ctx, node, total, &group));
+        } else {
+            for (v, e) in group {
+                let (vv, onset) = ctx.volume_verdict(v, &e);
+                let score = vv.score;
+                out.push((Verdict::Volume(vv), (score, onset)));
+            }
+        }
+    }
+    out
+}
+
+fn node_verdict(
+    ctx: &Ctx,
+    node: &str,
+    total: usize,
+    group: &[(usize, Episode)],
+) -> (Verdict, (u32, usize)) {
+    let mut onsets: Vec<f64> = group
+        .iter()
+        .map(|(v, e)| ctx.onset(*v, e, false) as f64)
+        .collect();
+    let onset = stats::median(&mut onsets).unwrap_or(0.0).round() as usize;
+    let end = group
+        .iter()
+        .map(|(_, e)| e.last + 1)
+        .max()
+        .unwrap_or(onset + 1)
+        .max(onset + 1);
+    let score = group.iter().map(|(_, e)| e.peak).max().unwrap_or(0);
+    let (mut node_iops, mut node_peer, mut lat, mut peer_lat) = (
+        BTreeMap::<usize, f64>::new(),
+        BTreeMap::<usize, f64>::new(),
+        0.0,
+        0.0,
+    );
+    for &(v, _) in group {
+        for (i, p) in ctx.points(v, onset, end) {
+            let rel = relative(p, ctx.stats(v, i), ctx.opts);
+            *node_iops.entry(i).or_default() += p.iops();
+            *node_peer.entry(i).or_default() += rel.peer_iops.unwrap_or(0.0);
+            if let (true, Some(pl)) = (has_latency(p), rel.peer_lat) {
+                lat += p.lat_mean_us;
+                peer_lat += pl;
+            }
+        }
+    }
+    let mut totals: Vec<f64> = node_iops.values().copied().collect();
+    let iops = mean(&totals);
+    let iops_cv = stats::robust_cv(&mut totals).unwrap_or(0.0);
+    let peer_iops = mean(&node_peer.values().copied().collect::<Vec<_>>());
+    let cluster = mean(
+        &node_iops
+            .keys()
+            .map(|&i| ctx.peers.cluster_iops[i])
+            .collect::<Vec<_>>(),
+    );
+    let mut volumes: Vec<String> = group
+        .iter()
+        .map(|(v, _)| ctx.t.volumes[*v].volume.clone())
+        .collect();
+    volumes.sort();
+    let v = NodeVerdict {
+        node: node.to_string(),
+        volumes,
+        volumes_total: total,
+        onset_ms: ctx.lay.start_ms(onset),
+        onset_interval: onset,
+        score,
+        iops,
+        peer_iops,
+        iops_cv,
+        impact: impact(cluster, iops, peer_iops, lat, peer_lat),
+    };
+    (Verdict::Node(v), (score, onset))
+}
+
+fn cluster_verdict(ctx: &Ctx, eps: &[(usize, Episode)]) -> Option<Verdict> {
+    let first = eps.iter().min_by_key(|(_, e)| e.start)?;
+    let lay = ctx.lay;
+    let mut roles = Vec::new();
+    let (mut latency_factor, mut iops_factor, mut degraded, mut volumes) = (0.0f64, 1.0, 0, 0);
+    let mut onsets = Vec::new();
+    for &(r, e) in eps {
+        let stats = &ctx.peers.roles[r];
+        // Onset: split of the role median latency (log ratio to its history) around the start.
+        let w = ctx.opts.onset_window.max(2);
+        let lo = e.start.saturating_sub(w);
+        let hi = (e.last + 1)
+            .min(e.start + w)
+            .max(e.blamed_at + 1)
+            .min(stats.len());
+        let lat_med = |i: usize| {
+            if stats[i].lat.n > 0 {
+                stats[i].lat.median()
+            } else {
+                0.0
+            }
+        };
+        let base: Vec<f64> = (lo..e.start).map(lat_med).filter(|&x| x > 0.0).collect();
+        let b = if base.is_empty() {
+            lat_med(lo).max(1e-9)
+        } else {
+            mean(&base)
+        };
+        let xs: Vec<f64> = (lo..hi)
+            .map(|i| (lat_med(i).max(1e-9) / b).ln().max(0.0))
+            .collect();
+        let onset = stats::step_onset(&xs, MIN_STEP, e.start - lo).map_or(e.start, |k| lo + k);
+        onsets.push(onset);
+        let before = onset.saturating_sub(ctx.opts.history_intervals.max(1))..onset;
+        let during = onset..(e.last + 1).min(stats.len()).max(onset + 1);
+        let avg = |range: std::ops::Range<usize>, f: &dyn Fn(&PeerStats) -> f64| {
+            let xs: Vec<f64> = range
+                .filter(|&i| stats[i].iops.n > 0)
+                .map(|i| f(&stats[i]))
+                .collect();
+            mean(&xs)
+        };
+        let lat_b = avg(before.clone(), &|s| s.lat.median());
+        let lat_d = avg(during.clone(), &|s| s.lat.median());
+        let iops_b = avg(before.clone(), &|s| s.iops.median());
+        let iops_d = avg(during.clone(), &|s| s.iops.median());
+        if lat_b > 0.0 && lat_d / lat_b > latency_factor {
+            latency_factor = lat_d / lat_b;
+            iops_factor = if iops_b > 0.0 { iops_d / iops_b } else { 1.0 };
+        }
+        for &v in &lay.roles[r].members {
+            volumes += 1;
+            let lat_of = |from: usize, to: usize| {
+                let xs: Vec<f64> = ctx
+                    .points(v, from, to)
+                    .filter(|(_, p)| has_latency(p))
+                    .map(|(_, p)| p.lat_mean_us)
+                    .collect();
+                mean(&xs)
+            };
+            let (b, d) = (
+                lat_of(before.start, before.end),
+                lat_of(during.start, during.end),
+            );
+            if b > 0.0 && d > 1.5 * b {
+                degraded += 1;
+            }
+        }
+        roles.push(lay.roles[r].name.clone());
+    }
+    let onset = onsets.iter().copied().min().unwrap_or(first.1.start);
+    Some(Verdict::ClusterWide(ClusterVerdict {
+        roles,
+        onset_ms: lay.start_ms(onset),
+        onset_interval: onset,
+        latency_factor,
+        iops_factor,
+        volumes_degraded: degraded,
+        volumes,
+    }))
+}
+
+fn load_generator_evidence(
+    ratios: &[f64],
+    opts: &AnalysisOptions,
+) -> Option<LoadGeneratorEvidence> {
+    if ratios.is_empty() {
+        return None;
+    }
+    let below = ratios
+        .iter()
+        .filter(|&&r| r < opts.load_generator_fraction)
+        .count();
+    let mut rs = ratios.to_vec();
+    Some(LoadGeneratorEvidence {
+        volumes_below: below,
+        volumes_closed_loop: ratios.len(),
+        outstanding_ratio: stats::median(&mut rs).unwrap_or(0.0),
+    })
+}
+
+#[cfg(test)]
+mod tests;

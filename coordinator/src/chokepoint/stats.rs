@@ -1,0 +1,286 @@
+//! Robust statistics the finder is built on: exact medians (and the median of a set with one
+//! member left out), the median absolute deviation, nearest-rank quantiles, and the two-segment
+//! mean split that places an onset.
+//!
+//! Everything here is O(n) (selection, not sorting) because the finder runs these over every
+//! interval of every role: 3,600 intervals x 8,000 volumes in the sizing target.
+
+use std::cmp::Ordering;
+
+/// Scale from the MAD to the standard deviation of a normal distribution (1 / Phi^-1(3/4)), so a
+/// MAD-based sigma can be read like a standard deviation.
+pub const MAD_TO_SIGMA: f64 = 1.4826;
+
+fn cmp(a: &f64, b: &f64) -> Ordering {
+    a.total_cmp(b)
+}
+
+/// The order statistics around the middle of a set, enough to answer "median of the set" and
+/// "median of the set without one of its members" (a volume's peers exclude the volume itself;
+/// with 3 volumes in a role, including the culprit would pull its own reference towards it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Center {
+    /// Number of values.
+    pub n: u32,
+    /// With k = n / 2 over the sorted values a: a[k-1] (or a[0] when n == 1).
+    pub below: f64,
+    /// a[k].
+    pub mid: f64,
+    /// a[k+1] (or a[k] when there is none).
+    pub above: f64,
+}
+
+impl Center {
+    /// Computes the center of `xs` (reordering it); `None` when empty. NaNs must be filtered out
+    /// by the caller (they would sort last and bias the median upwards).
+    pub fn of(xs: &mut [f64]) -> Option<Center> {
+        let n = xs.len();
+        if n == 0 {
+            return None;
+        }
+        let k = n / 2;
+        let (left, mid, right) = xs.select_nth_unstable_by(k, cmp);
+        let mid = *mid;
+        let below = left.iter().copied().max_by(cmp).unwrap_or(mid);
+        let above = right.iter().copied().min_by(cmp).unwrap_or(mid);
+        Some(Center {
+            n: n as u32,
+            below,
+            mid,
+            above,
+        })
+    }
+
+    /// The median: the middle value, or the mean of the two middle values for an even count.
+    pub fn median(&self) -> f64 {
+        if self.n % 2 == 1 {
+            self.mid
+        } else {
+            (self.below + self.mid) / 2.0
+        }
+    }
+
+    /// The median of the set with one member equal to `x` removed; `None` when nothing is left.
+    /// Exact when `x` is a member (which the finder guarantees: it asks on behalf of a volume
+    /// whose value is in the set).
+    pub fn median_without(&self, x: f64) -> Option<f64> {
+        match self.n {
+            0 | 1 => None,
+            n if n % 2 == 1 => Some(match x.total_cmp(&self.mid) {
+                Ordering::Less => (self.mid + self.above) / 2.0,
+                Ordering::Greater => (self.below + self.mid) / 2.0,
+                Ordering::Equal => (self.below + self.above) / 2.0,
+            }),
+            _ => Some(if x <= self.below {
+                self.mid
+            } else if x >= self.mid {
+                self.below
+            } else {
+                (self.below + self.mid) / 2.0
+            }),
+        }
+    }
+}
+
+/// Median of `xs` (reordering it); `None` when empty.
+pub fn median(xs: &mut [f64]) -> Option<f64> {
+    Center::of(xs).map(|c| c.median())
+}
+
+/// Median and median absolute deviation (unscaled: multiply by [`MAD_TO_SIGMA`] for a sigma) of
+/// `xs`, reordering it and then overwriting it with the deviations.
+pub fn median_mad(xs: &mut [f64]) -> Option<(f64, f64)> {
+    let m = median(xs)?;
+    for x in xs.iter_mut() {
+        *x = (*x - m).abs();
+    }
+    Some((m, median(xs)?))
+}
+
+/// Nearest-rank quantile (`q` in 0..=1) of `xs`, reordering it: the smallest value with at least
+/// a fraction `q` of the values at or below it. `None` when empty.
+pub fn quantile(xs: &mut [f64], q: f64) -> Option<f64> {
+    let n = xs.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as usize).clamp(1, n);
+    let (_, v, _) = xs.select_nth_unstable_by(rank - 1, cmp);
+    Some(*v)
+}
+
+/// Robust coefficient of variation: MAD x 1.4826 / median, so a few outlying intervals (a burst
+/// on a throttled volume) do not hide that it is pinned. `None` when empty or the median is 0.
+pub fn robust_cv(xs: &mut [f64]) -> Option<f64> {
+    let (m, mad) = median_mad(xs)?;
+    (m > 0.0).then(|| mad * MAD_TO_SIGMA / m)
+}
+
+/// The split `k` (1..len) that best cuts `xs` into two constant segments `xs[..k]` and `xs[k..]`
+/// (least squares: maximizes k (n - k) / n * (mean_left - mean_right)^2), with the gain (the
+/// drop in the sum of squared errors) it achieves. `None` for fewer than 2 values.
+///
+/// This is the single change point of a step: where a volume's behaviour changed. It uses the
+/// whole window rather than the first threshold crossing, so one slow interval just before a
+/// cliff does not move the onset.
+pub fn split_point(xs: &[f64]) -> Option<(usize, f64)> {
+    let n = xs.len();
+    if n < 2 {
+        return None;
+    }
+    let total: f64 = xs.iter().sum();
+    let mut left = 0.0;
+    let mut best: Option<(usize, f64)> = None;
+    for k in 1..n {
+        left += xs[k - 1];
+        let (nl, nr) = (k as f64, (n - k) as f64);
+        let d = left / nl - (total - left) / nr;
+        let gain = nl * nr / n as f64 * d * d;
+        if best.is_none_or(|(_, g)| gain > g) {
+            best = Some((k, gain));
+        }
+    }
+    best
+}
+
+/// The onset of an upward step in `xs`: the first index of the worse segment, or `None` when
+/// there is no step of at least `min_step` between the segments' medians.
+///
+/// Least squares alone is pulled by magnitudes: a 5-interval burst at 30x just before a 3x
+/// throttle can move the split onto the burst. So the least-squares split only estimates the
+/// two levels; each value is then classified as nearer the lower or the upper level, values
+/// more than a step above the upper level count for neither (bursts), and the onset is the
+/// index that misclassifies the fewest values. Ties are real (a burst shortly before a step
+/// ties with the step itself: the gap between them costs as much as the burst; an erratic
+/// slowdown has dips after its onset): they go to the candidate nearest `hint`, the first
+/// interval of the run that was flagged persistently.
+pub fn step_onset(xs: &[f64], min_step: f64, hint: usize) -> Option<usize> {
+    let (k0, _) = split_point(xs)?;
+    let low = median(&mut xs[..k0].to_vec())?;
+    let high = median(&mut xs[k0..].to_vec())?;
+    if high - low < min_step {
+        return None;
+    }
+    let mid = (low + high) / 2.0;
+    let burst = high + (high - low);
+    // cost(k) = upper-level values before k + lower-level values from k on.
+    let mut cost = xs.iter().filter(|&&x| x <= mid).count();
+    let mut best: (usize, usize) = (cost, 0);
+    for (k, &x) in xs.iter().enumerate() {
+        if x > burst {
+            continue;
+        }
+        if x > mid {
+            cost += 1
+        } else {
+            cost -= 1
+        }
+        if cost < best.0
+            || (cost == best.0 && (k + 1).abs_diff(hint) < usize::abs_diff(best.1, hint))
+        {
+            best = (cost, k + 1);
+        }
+    }
+    (best.1 > 0 && best.1 < xs.len()).then_some(best.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_and_empty() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&mut [7.0]), Some(7.0));
+        assert_eq!(median(&mut []), None);
+    }
+
+    #[test]
+    fn mad_exact_values() {
+        // Values 1 2 3 4 100: median 3, deviations 2 1 0 1 97 -> MAD 1; the outlier does not
+        // move it (a standard deviation would be about 39).
+        let (m, mad) = median_mad(&mut [1.0, 2.0, 3.0, 4.0, 100.0]).unwrap();
+        assert_eq!((m, mad), (3.0, 1.0));
+        // Even count: median 2.5, deviations 1.5 0.5 0.5 1.5 -> MAD 1.
+        let (m, mad) = median_mad(&mut [1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!((m, mad), (2.5, 1.0));
+    }
+
+    #[test]
+    fn median_without_matches_brute_force() {
+        let sets: [&[f64]; 5] = [
+            &[5.0, 1.0],
+            &[1.0, 9.0, 3.0],
+            &[2.0, 2.0, 7.0, 1.0],
+            &[10.0, 1.0, 3.0, 3.0, 8.0],
+            &[4.0, 6.0, 1.0, 9.0, 2.0, 7.0],
+        ];
+        for set in sets {
+            let c = Center::of(&mut set.to_vec()).unwrap();
+            for (i, &x) in set.iter().enumerate() {
+                let mut rest: Vec<f64> = set.to_vec();
+                rest.remove(i);
+                assert_eq!(
+                    c.median_without(x),
+                    median(&mut rest),
+                    "set {set:?} without {x}"
+                );
+            }
+        }
+        assert_eq!(Center::of(&mut [3.0]).unwrap().median_without(3.0), None);
+    }
+
+    #[test]
+    fn quantile_nearest_rank() {
+        let xs: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(&mut xs.clone(), 0.9), Some(9.0));
+        assert_eq!(quantile(&mut xs.clone(), 0.91), Some(10.0));
+        assert_eq!(quantile(&mut xs.clone(), 0.0), Some(1.0));
+        assert_eq!(quantile(&mut xs.clone(), 1.0), Some(10.0));
+    }
+
+    #[test]
+    fn robust_cv_ignores_a_burst() {
+        // 18 intervals pinned at 100 and two burst intervals: a plain CV (0.28 here) says
+        // "varies", the robust one says "pinned".
+        let mut xs = vec![100.0; 18];
+        xs.extend([10.0, 20.0]);
+        assert_eq!(robust_cv(&mut xs), Some(0.0));
+        let cv = robust_cv(&mut [90.0, 100.0, 110.0]).unwrap();
+        assert!((cv - 0.14826).abs() < 1e-9);
+        assert_eq!(robust_cv(&mut []), None);
+        assert_eq!(robust_cv(&mut [0.0, 0.0]), None);
+    }
+
+    #[test]
+    fn split_point_finds_the_step_despite_a_spike() {
+        let mut xs = vec![0.0; 20];
+        xs[5] = 3.0; // a lone slow interval before the step
+        xs.extend(std::iter::repeat_n(2.0, 20));
+        assert_eq!(split_point(&xs).unwrap().0, 20);
+        assert_eq!(split_point(&[1.0]), None);
+    }
+
+    #[test]
+    fn step_onset_ignores_a_tall_burst_before_the_step() {
+        // 20 quiet, a 5-interval burst at 3.0, 6 quiet, then a sustained step to 1.2.
+        let mut xs = vec![0.0; 20];
+        xs.extend([3.0; 5]);
+        xs.extend([0.0; 6]);
+        xs.extend([1.2; 30]);
+        assert_eq!(step_onset(&xs, 0.4, 31), Some(31));
+        // Least squares alone puts it on the burst.
+        assert_eq!(split_point(&xs).unwrap().0, 20);
+        // No step: bad throughout, or a step smaller than asked.
+        assert_eq!(step_onset(&[1.0; 30], 0.4, 0), None);
+        let mut small = vec![0.0; 15];
+        small.extend([0.2; 15]);
+        assert_eq!(step_onset(&small, 0.4, 15), None);
+        // A tie (one dip after the step costs as much as one spike before it) goes to the hint.
+        let mut tie = vec![0.0; 10];
+        tie.extend([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(step_onset(&tie, 0.4, 10), Some(10));
+        assert_eq!(step_onset(&tie, 0.4, 12), Some(12));
+    }
+}

@@ -1,0 +1,652 @@
+//! Tests of the finder on hand-built timelines (each rule in isolation) and on generated
+//! scenarios (properties).
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::scenario::{self, LoadMode, ScenarioKind, ScenarioRng, ScenarioSpec};
+use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
+
+/// Deterministic jitter in [1 - a, 1 + a] from (volume, interval), so tests do not depend on
+/// the scenario generator.
+fn jitter(v: usize, k: usize, a: f64) -> f64 {
+    let mut z = (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 29;
+    1.0 + a * (2.0 * (z >> 11) as f64 / (1u64 << 53) as f64 - 1.0)
+}
+
+/// A closed-loop interval: `depth` IOs in flight at `lat_us`, IOPS capped at `cap`.
+fn closed_point(k: usize, depth: f64, lat_us: f64, cap: f64) -> VolumePoint {
+    let free = depth / lat_us * 1e6;
+    let (iops, lat) = if free > cap {
+        (cap, depth / cap * 1e6)
+    } else {
+        (free, lat_us)
+    };
+    let ios = iops.round() as u64;
+    VolumePoint {
+        t_ms: (k as u64 + 1) * 1000,
+        len_ms: 1000,
+        ios: [ios, 0],
+        bytes: [ios * 8192, 0],
+        errors: [0, 0],
+        outstanding: depth,
+        lat_mean_us: lat,
+        lat_p50_us: lat * 0.8,
+        lat_p99_us: lat * if free > cap { 1.5 } else { 4.0 },
+        lat_max_us: lat * 10.0,
+    }
+}
+
+/// `nodes` x `per_node` volumes of role "data", 8 deep, 1 ms, 500 intervals; `f(node, j, k)`
+/// returns (latency multiplier, IOPS cap) of each interval.
+fn cluster(
+    nodes: usize,
+    per_node: usize,
+    intervals: usize,
+    f: impl Fn(usize, usize, usize) -> (f64, f64),
+) -> Timeline {
+    let mut volumes = Vec::new();
+    for node in 0..nodes {
+        for j in 0..per_node {
+            let v = node * per_node + j;
+            let points = (0..intervals)
+                .map(|k| {
+                    let (slow, cap) = f(node, j, k);
+                    closed_point(k, 8.0, 1000.0 * slow * jitter(v, k, 0.1), cap)
+                })
+                .collect();
+            volumes.push(VolumeSeries {
+                node: format!("worker-{}", node + 1),
+                volume: format!("/data{j}"),
+                role: "data".into(),
+                model: None,
+                configured_depth: 8,
+                target_iops: None,
+                lost_at_ms: None,
+                points,
+            });
+        }
+    }
+    Timeline {
+        interval_ms: 1000,
+        volumes,
+        faults: vec![],
+    }
+}
+
+fn volume_of(r: &ChokepointReport) -> Option<(&str, &str)> {
+    match &r.verdict {
+        Verdict::Volume(v) => Some((v.node.as_str(), v.volume.as_str())),
+        _ => None,
+    }
+}
+
+fn no_single_volume(r: &ChokepointReport) -> bool {
+    !matches!(r.verdict, Verdict::Volume(_))
+        && !r.also.iter().any(|v| matches!(v, Verdict::Volume(_)))
+}
+
+#[test]
+fn clean_run_has_no_chokepoint() {
+    let t = cluster(8, 2, 500, |_, _, _| (1.0, f64::INFINITY));
+    let r = analyze(&t, &AnalysisOptions::default());
+    assert_eq!(r.verdict, Verdict::None);
+    assert!(r.volumes.iter().all(|v| !v.suspect));
+    assert_eq!(r.intervals, 500);
+    assert_eq!(r.analyzed_through_ms, 500_000);
+}
+
+#[test]
+fn a_three_interval_burst_is_not_blamed_a_sustained_throttle_is() {
+    // worker-3 is 20x slow for 3 intervals: flagged 3 times, score 3, then back to 0.
+    let burst = cluster(8, 1, 300, |node, _, k| {
+        (
+            if node == 2 && (100..103).contains(&k) {
+                20.0
+            } else {
+                1.0
+            },
+            f64::INFINITY,
+        )
+    });
+    let r = analyze(&burst, &AnalysisOptions::default());
+    assert_eq!(r.verdict, Verdict::None);
+    let v = &r.volumes[2];
+    assert_eq!(
+        (v.peak_score, v.flagged_intervals, v.suspect),
+        (3, 3, false)
+    );
+
+    // The same volume capped at 400 IOPS (peers do 8,000) from interval 100 on.
+    let throttle = cluster(8, 1, 300, |node, _, k| {
+        (
+            1.0,
+            if node == 2 && k >= 100 {
+                400.0
+            } else {
+                f64::INFINITY
+            },
+        )
+    });
+    let r = analyze(&throttle, &AnalysisOptions::default());
+    assert_eq!(volume_of(&r), Some(("worker-3", "/data0")));
+    let Verdict::Volume(v) = &r.verdict else {
+        unreachable!()
+    };
+    // No model: a throttle after a fine period could be credits; the kind says so.
+    assert_eq!(v.kind, ChokepointKind::CreditExhaustion);
+    assert_eq!(v.onset_interval, 100);
+    assert_eq!(v.onset_ms, 100_000);
+    assert!((v.evidence.iops - 400.0).abs() < 1.0);
+    assert!(v.evidence.iops_cv < 0.01);
+    // Little's law: 8 outstanding = 400 IOPS x 20 ms.
+    assert!((v.evidence.littles_outstanding / v.evidence.outstanding - 1.0).abs() < 0.01);
+    assert!(v.impact.barrier_speedup > 15.0, "{:?}", v.impact);
+
+    // Exactly at the persistence threshold minus one: 9 flagged intervals are still a burst.
+    let nine = cluster(8, 1, 300, |node, _, k| {
+        (
+            if node == 2 && (100..109).contains(&k) {
+                20.0
+            } else {
+                1.0
+            },
+            f64::INFINITY,
+        )
+    });
+    assert_eq!(
+        analyze(&nine, &AnalysisOptions::default()).verdict,
+        Verdict::None
+    );
+    let ten = cluster(8, 1, 300, |node, _, k| {
+        (
+            if node == 2 && (100..110).contains(&k) {
+                20.0
+            } else {
+                1.0
+            },
+            f64::INFINITY,
+        )
+    });
+    assert_eq!(
+        volume_of(&analyze(&ten, &AnalysisOptions::default())),
+        Some(("worker-3", "/data0"))
+    );
+}
+
+#[test]
+fn throttled_from_the_start_with_a_known_model() {
+    let mut t = cluster(6, 1, 200, |node, _, _| {
+        (1.0, if node == 4 { 1000.0 } else { f64::INFINITY })
+    });
+    t.volumes[4].model = Some(VolumeModel {
+        kind: "gp3".into(),
+        size_gib: 100.0,
+        provisioned_iops: Some(1000),
+        ..Default::default()
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(
+        (v.node.as_str(), v.kind, v.onset_interval),
+        ("worker-5", ChokepointKind::Throttled, 0)
+    );
+    assert!(!v.evidence.fine_before);
+    assert_eq!(v.evidence.peers, 5);
+}
+
+#[test]
+fn throttled_from_the_start_but_flagged_only_now_and_then() {
+    // Capped from interval 0 near the IOPS threshold: at 0.55 of its peers on every third
+    // interval and on the first two, 0.42 otherwise. Its persistent run starts at interval 4
+    // (the one at 2 is cancelled by 3), but nothing changed there: the onset is its first.
+    let t = cluster(8, 1, 200, |node, _, k| {
+        let cap = if k < 2 || k % 3 == 0 {
+            0.55 * 8000.0
+        } else {
+            0.42 * 8000.0
+        };
+        (1.0, if node == 5 { cap } else { f64::INFINITY })
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!((v.node.as_str(), v.onset_interval), ("worker-6", 0));
+    assert_eq!(r.volumes[5].episode_start_ms, Some(4000));
+}
+
+#[test]
+fn fail_slow_is_latency_up_without_a_ceiling() {
+    let t = cluster(10, 1, 300, |node, _, k| {
+        (
+            if node == 7 && k >= 150 {
+                8.0 * jitter(99, k, 0.6)
+            } else {
+                1.0
+            },
+            f64::INFINITY,
+        )
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(
+        (v.node.as_str(), v.kind),
+        ("worker-8", ChokepointKind::FailSlow)
+    );
+    assert!(v.onset_interval.abs_diff(150) <= 2, "{}", v.onset_interval);
+    assert!(v.evidence.iops_cv > 0.1);
+}
+
+#[test]
+fn sustained_errors_are_blamed_sporadic_ones_are_not() {
+    let mut t = cluster(6, 1, 300, |_, _, _| (1.0, f64::INFINITY));
+    for (k, p) in t.volumes[1].points.iter_mut().enumerate() {
+        if k >= 120 {
+            p.errors[1] = 40;
+        }
+    }
+    for k in (0..300).step_by(25) {
+        t.volumes[3].points[k].errors[0] = 1;
+    }
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(
+        (v.node.as_str(), v.kind, v.onset_interval),
+        ("worker-2", ChokepointKind::Erroring, 120)
+    );
+    assert!(v.evidence.error_fraction > 0.004);
+    assert!(r.also.is_empty());
+}
+
+#[test]
+fn node_wide_limit_names_the_node() {
+    // worker-4's three volumes are all capped at 1,000 IOPS from interval 200.
+    let t = cluster(6, 3, 400, |node, _, k| {
+        (
+            1.0,
+            if node == 3 && k >= 200 {
+                1000.0
+            } else {
+                f64::INFINITY
+            },
+        )
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(n.node, "worker-4");
+    assert_eq!((n.volumes.len(), n.volumes_total), (3, 3));
+    assert!(n.onset_interval.abs_diff(200) <= 2);
+    assert!((n.iops - 3000.0).abs() < 10.0 && n.iops_cv < 0.01);
+    assert!(no_single_volume(&r));
+
+    // Only one of its three volumes: that volume, not the node.
+    let t = cluster(6, 3, 400, |node, j, k| {
+        (
+            1.0,
+            if node == 3 && j == 1 && k >= 200 {
+                1000.0
+            } else {
+                f64::INFINITY
+            },
+        )
+    });
+    assert_eq!(
+        volume_of(&analyze(&t, &AnalysisOptions::default())),
+        Some(("worker-4", "/data1"))
+    );
+}
+
+#[test]
+fn node_limit_in_a_three_node_cluster() {
+    // The limited node is a third of its role: not "many volumes" for the cluster guard (more
+    // than a third), and its volumes must stay visibly slow against the other two thirds.
+    let t = cluster(3, 3, 300, |node, _, k| {
+        (
+            1.0,
+            if node == 1 && k >= 100 {
+                2800.0
+            } else {
+                f64::INFINITY
+            },
+        )
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(
+        (n.node.as_str(), n.volumes.len(), n.onset_interval),
+        ("worker-2", 3, 100)
+    );
+    assert!(no_single_volume(&r));
+}
+
+#[test]
+fn cluster_wide_slowdown_is_not_one_volume() {
+    // Everything 4x slower from interval 200 (one volume a little earlier than the rest).
+    let t = cluster(8, 2, 400, |node, j, k| {
+        let from = if node == 0 && j == 0 { 197 } else { 200 };
+        (if k >= from { 4.0 } else { 1.0 }, f64::INFINITY)
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::ClusterWide(c) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert!(c.onset_interval.abs_diff(200) <= 3, "{}", c.onset_interval);
+    assert!((c.latency_factor - 4.0).abs() < 0.3, "{}", c.latency_factor);
+    assert_eq!((c.volumes_degraded, c.volumes), (16, 16));
+    assert!(no_single_volume(&r));
+
+    // Half of the cluster 10x slower: too many to be one volume either.
+    let t = cluster(8, 1, 400, |node, _, k| {
+        (
+            if node % 2 == 0 && k >= 200 { 10.0 } else { 1.0 },
+            f64::INFINITY,
+        )
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    assert!(
+        matches!(r.verdict, Verdict::ClusterWide(_)),
+        "{:?}",
+        r.verdict
+    );
+    assert!(no_single_volume(&r));
+}
+
+#[test]
+fn load_generator_bound_when_queues_are_short_and_nothing_is_slow() {
+    let mut t = cluster(6, 2, 200, |_, _, _| (1.0, f64::INFINITY));
+    for s in &mut t.volumes {
+        s.configured_depth = 32; // the generator keeps only 8 of 32 in flight
+    }
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::LoadGeneratorBound(lg) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!((lg.volumes_below, lg.volumes_closed_loop), (12, 12));
+    assert!((lg.outstanding_ratio - 0.25).abs() < 1e-9);
+}
+
+/// A 60 GiB gp2 volume at 3,000 IOPS among gp3 peers, with a 60x time scale: its 5.4M credits
+/// last 5.4M / 2,820 / 60 = 31.9 s, then it runs at 180 IOPS.
+fn credit_cliff_timeline() -> Timeline {
+    let mut t = cluster(12, 1, 120, |node, _, k| {
+        (0.5, if node == 0 && k >= 32 { 180.0 } else { 3000.0 })
+    });
+    // Interval 31 is the one the bucket empties in (at 31.9 s): mostly burst.
+    for s in &mut t.volumes {
+        s.model = Some(VolumeModel {
+            kind: "gp3".into(),
+            size_gib: 200.0,
+            ..Default::default()
+        });
+    }
+    t.volumes[0].model = Some(VolumeModel {
+        kind: "gp2".into(),
+        size_gib: 60.0,
+        ..Default::default()
+    });
+    t
+}
+
+fn cliff_options() -> AnalysisOptions {
+    AnalysisOptions {
+        history_intervals: 20,
+        time_scales: vec![VolumeTimeScale {
+            node: "worker-1".into(),
+            volume: "/data0".into(),
+            time_scale: 60.0,
+        }],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn credit_cliff_onset_kind_and_forecast() {
+    let t = credit_cliff_timeline();
+    let r = analyze(&t, &cliff_options());
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(
+        (v.node.as_str(), v.kind),
+        ("worker-1", ChokepointKind::CreditExhaustion)
+    );
+    assert!(v.onset_interval.abs_diff(32) <= 2, "{}", v.onset_interval);
+    let c = v.evidence.credit.as_ref().unwrap();
+    assert!(c.at_baseline && c.onset_matches_forecast, "{c:?}");
+    assert_eq!(c.forecast_onset_ms, Some(31_915));
+    assert!(v.evidence.fine_before);
+    // 12 volumes, one at 180 instead of 3,000: (11 x 3,000 + 3,000) / (11 x 3,000 + 180).
+    assert!(
+        (v.impact.independent_speedup - 36_000.0 / 33_180.0).abs() < 1e-3,
+        "{:?}",
+        v.impact
+    );
+    assert!((v.impact.barrier_speedup - 3000.0 / 180.0).abs() < 1e-3);
+    let f = &r.forecasts[0];
+    assert_eq!((f.exhausted_at_ms, f.runs_out_in_s), (Some(31_915), None));
+}
+
+#[test]
+fn live_partial_timeline_forecasts_the_cliff_before_it_happens() {
+    let mut t = credit_cliff_timeline();
+    for s in &mut t.volumes {
+        s.points.truncate(15);
+    }
+    let r = analyze(&t, &cliff_options());
+    assert_eq!(r.verdict, Verdict::None);
+    assert_eq!(r.analyzed_through_ms, 15_000);
+    let f = &r.forecasts[0];
+    assert_eq!(f.volume, "/data0");
+    let at = f.runs_out_at_ms.unwrap();
+    assert!(at.abs_diff(31_915) <= 1, "{at}");
+    let text = render_text(&r);
+    assert!(text.contains("worker-1/data0: gp2 credits run out in ~17s at current demand (3,000 IOPS, baseline 180)"), "{text}");
+}
+
+#[test]
+fn render_text_gives_the_product_sentence() {
+    let verdict = VolumeVerdict {
+        node: "worker-1".into(),
+        volume: "/data".into(),
+        role: "data".into(),
+        model: Some(VolumeModel {
+            kind: "gp2".into(),
+            size_gib: 60.0,
+            ..Default::default()
+        }),
+        kind: ChokepointKind::CreditExhaustion,
+        onset_ms: (7 * 3600 + 52 * 60) * 1000,
+        onset_interval: 28_320,
+        score: 120,
+        evidence: Evidence {
+            peers: 11,
+            intervals: 200,
+            flagged_intervals: 200,
+            iops_before: Some(2950.0),
+            iops: 180.0,
+            peer_iops: 2900.0,
+            iops_cv: 0.012,
+            latency_mean_us: 22_000.0,
+            peer_latency_mean_us: 700.0,
+            p99_us: 48_000.0,
+            peer_p99_us: 1_100.0,
+            outstanding: 4.0,
+            littles_outstanding: 3.96,
+            configured_depth: 4,
+            fine_before: true,
+            ..Default::default()
+        },
+        impact: Impact {
+            independent_speedup: 2.3,
+            barrier_speedup: 16.1,
+            latency_ratio: 31.4,
+        },
+    };
+    let r = ChokepointReport {
+        verdict: Verdict::Volume(verdict),
+        also: vec![],
+        interval_ms: 1000,
+        intervals: 30_000,
+        analyzed_through_ms: 30_000_000,
+        volumes: vec![],
+        cluster_episodes: vec![],
+        forecasts: vec![],
+        load_generator: None,
+    };
+    let text = render_text(&r);
+    let first = text.lines().next().unwrap();
+    assert_eq!(
+        first,
+        "node worker-1, volume /data (60 GiB gp2): IOPS pinned at 180 from t=7h52m, p99 48 ms vs 1.1 ms on its 11 peers; this looks like burst credits running out; the cluster would do 2.3x more with it fixed"
+    );
+    assert!(
+        text.contains("4.0 IOs outstanding vs 4.0 by Little's law"),
+        "{text}"
+    );
+    assert!(
+        text.contains("a stage waiting for the slowest volume 16x sooner"),
+        "{text}"
+    );
+    // Serializable for results.json, and back.
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(
+        json.contains("\"verdict\":\"volume\"") && json.contains("\"kind\":\"credit_exhaustion\""),
+        "{json}"
+    );
+    assert_eq!(serde_json::from_str::<ChokepointReport>(&json).unwrap(), r);
+}
+
+#[test]
+fn small_roles_use_the_median_of_the_other_volumes() {
+    // Three volumes: a culprit at 10x must not make its two healthy peers look fast or slow.
+    let t = cluster(3, 1, 200, |node, _, k| {
+        (if node == 1 && k >= 50 { 10.0 } else { 1.0 }, f64::INFINITY)
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    assert_eq!(volume_of(&r), Some(("worker-2", "/data0")));
+    assert!(r.volumes.iter().filter(|v| v.suspect).count() == 1);
+}
+
+#[test]
+fn empty_and_tiny_timelines_do_not_panic() {
+    assert_eq!(
+        analyze(&Timeline::default(), &AnalysisOptions::default()).verdict,
+        Verdict::None
+    );
+    let t = cluster(1, 1, 3, |_, _, _| (1.0, f64::INFINITY));
+    assert_eq!(
+        analyze(&t, &AnalysisOptions::default()).verdict,
+        Verdict::None
+    );
+}
+
+#[test]
+fn analysis_is_deterministic_on_generated_scenarios() {
+    for sc in scenario::suite(42, 9) {
+        let o = sc.options(&AnalysisOptions::default());
+        assert_eq!(analyze(&sc.timeline, &o), analyze(&sc.timeline, &o));
+    }
+}
+
+fn small_scenario(kind: ScenarioKind, seed: u64) -> scenario::Scenario {
+    let mut rng = ScenarioRng::new(seed);
+    let mode = if seed.is_multiple_of(2) {
+        LoadMode::ClosedLoop
+    } else {
+        LoadMode::OpenLoop
+    };
+    let mut spec = ScenarioSpec::random(kind, mode, &mut rng);
+    spec.intervals = 150;
+    spec.nodes = spec.nodes.min(6);
+    scenario::generate(&spec, &mut rng)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Adding a copy of every volume, uniformly slower or faster (as if a second, different
+    /// cluster joined the same roles), never makes one volume the chokepoint: whatever the copy
+    /// does, it does on as many volumes as the original.
+    #[test]
+    fn a_uniformly_scaled_copy_never_blames_a_single_volume(seed in 0u64..10_000, scale in 0.2f64..5.0) {
+        let sc = small_scenario(ScenarioKind::Clean, seed);
+        let mut t = sc.timeline.clone();
+        let copies: Vec<VolumeSeries> = t.volumes.iter().map(|s| {
+            let mut c = s.clone();
+            c.node = format!("copy-{}", s.node);
+            for p in &mut c.points {
+                // The same queue at `scale` x the latency completes 1 / scale the IOs.
+                p.ios = [(p.ios[0] as f64 / scale).round() as u64, (p.ios[1] as f64 / scale).round() as u64];
+                p.bytes = [(p.bytes[0] as f64 / scale).round() as u64, (p.bytes[1] as f64 / scale).round() as u64];
+                p.lat_mean_us *= scale;
+                p.lat_p50_us *= scale;
+                p.lat_p99_us *= scale;
+                p.lat_max_us *= scale;
+            }
+            c
+        }).collect();
+        t.volumes.extend(copies);
+        let r = analyze(&t, &AnalysisOptions::default());
+        prop_assert!(no_single_volume(&r), "{:?}", r.verdict);
+    }
+
+    /// Scaling every latency of a run by the same factor (another unit, a uniformly faster
+    /// storage type) changes no verdict: the finder only compares volumes with their peers and
+    /// their own past. (Models are dropped: a credit model has absolute numbers.)
+    #[test]
+    fn verdicts_do_not_depend_on_the_latency_unit(seed in 0u64..10_000, kind_i in 0usize..9, scale in 0.5f64..4.0) {
+        let sc = small_scenario(ScenarioKind::ALL[kind_i], seed);
+        let opts = sc.options(&AnalysisOptions::default());
+        let mut a = sc.timeline.clone();
+        for s in &mut a.volumes {
+            s.model = None;
+        }
+        let mut b = a.clone();
+        for s in &mut b.volumes {
+            for p in &mut s.points {
+                p.lat_mean_us *= scale;
+                p.lat_p50_us *= scale;
+                p.lat_p99_us *= scale;
+                p.lat_max_us *= scale;
+            }
+        }
+        let who = |r: &ChokepointReport| match &r.verdict {
+            Verdict::None => "none".to_string(),
+            Verdict::Volume(v) => format!("{}{} {:?} {}", v.node, v.volume, v.kind, v.onset_interval),
+            Verdict::Node(n) => format!("node {} {}", n.node, n.onset_interval),
+            Verdict::ClusterWide(c) => format!("cluster {}", c.onset_interval),
+            Verdict::LoadGeneratorBound(_) => "lg".to_string(),
+        };
+        prop_assert_eq!(who(&analyze(&a, &opts)), who(&analyze(&b, &opts)));
+    }
+
+    /// Analysis of any prefix of a run (the live view) never panics and never reports data
+    /// past the prefix.
+    #[test]
+    fn any_prefix_can_be_analyzed(seed in 0u64..10_000, kind_i in 0usize..9, cut in 0usize..150) {
+        let sc = small_scenario(ScenarioKind::ALL[kind_i], seed);
+        let mut t = sc.timeline.clone();
+        for s in &mut t.volumes {
+            s.points.truncate(cut);
+        }
+        let r = analyze(&t, &sc.options(&AnalysisOptions::default()));
+        prop_assert!(r.analyzed_through_ms <= cut as u64 * 1000);
+        if let Verdict::Volume(v) = &r.verdict {
+            prop_assert!(v.onset_interval < cut.max(1));
+        }
+    }
+}
