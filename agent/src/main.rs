@@ -75,6 +75,15 @@ enum Command {
         /// Key prefix in etcd (agents register under PREFIX/agents/NAME).
         #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
+        /// Mutual TLS: this agent's certificate (PEM; `lockstep certs` makes a test set).
+        #[arg(long, env = "LOCKSTEP_TLS_CERT", value_name = "PEM")]
+        tls_cert: Option<PathBuf>,
+        /// Mutual TLS: this agent's private key (PEM).
+        #[arg(long, env = "LOCKSTEP_TLS_KEY", value_name = "PEM")]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: the CA whose client certificates coordinators must present (PEM).
+        #[arg(long, env = "LOCKSTEP_TLS_CA", value_name = "PEM")]
+        tls_ca: Option<PathBuf>,
     },
 }
 
@@ -110,7 +119,17 @@ fn main() -> std::process::ExitCode {
             advertise,
             etcd_ttl,
             etcd_prefix,
+            tls_cert,
+            tls_key,
+            tls_ca,
         } => {
+            let tls = match daemon::tls::TlsFiles::from_flags(tls_cert, tls_key, tls_ca) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("lockstep-agent: error: {e}");
+                    return std::process::ExitCode::from(2);
+                }
+            };
             let parse_time = |flag: &str, v: &str| {
                 lockstep_agent::units::parse_time(v, lockstep_agent::units::TimeUnit::Seconds)
                     .map_err(|e| eprintln!("lockstep-agent: error: {flag} {v}: {e}"))
@@ -131,7 +150,7 @@ fn main() -> std::process::ExitCode {
                 allow_block_devices,
                 allow_exec,
             };
-            let opts = daemon::ServeOptions { listen, metrics_listen, advertise, registry };
+            let opts = daemon::ServeOptions { listen, metrics_listen, advertise, registry, tls };
             match daemon::serve_blocking(cfg, opts) {
                 Ok(()) => return std::process::ExitCode::SUCCESS,
                 Err(e) => {

@@ -1,5 +1,7 @@
-//! Talking to one agent: connect, handshake (versions checked), clock probes.
+//! Talking to one agent: connect (plain, or mutual TLS), handshake (versions checked), clock
+//! probes.
 
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockstep_proto::v1::agent_client::AgentClient;
@@ -7,14 +9,14 @@ use lockstep_proto::v1::{ClockProbeRequest, HelloReply, HelloRequest};
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::clock::{self, ClockEstimate, Probe};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("agent '{agent}' at {address}: cannot connect: {source}")]
-    Connect { agent: String, address: String, source: tonic::transport::Error },
+    #[error("agent '{agent}' at {address}: cannot connect: {detail}")]
+    Connect { agent: String, address: String, detail: String },
     #[error("agent '{agent}' at {address}: {message}")]
     Call { agent: String, address: String, message: String },
     #[error("agent '{agent}' at {address}: {0}", .message)]
@@ -32,6 +34,26 @@ impl Interceptor for Token {
         }
         Ok(req)
     }
+}
+
+/// Mutual TLS for every agent connection this process makes, set once from the command line
+/// (`--tls-cert/--tls-key/--tls-ca`) before any connection. Process-wide, like the identity it
+/// stands for: every run and every re-attach of this coordinator dials with the same
+/// certificate, without threading credentials through the run loop.
+static TLS: OnceLock<ClientTls> = OnceLock::new();
+
+struct ClientTls {
+    ca: Certificate,
+    identity: Identity,
+}
+
+/// Dial every agent over mutual TLS with these files: the coordinator's certificate and key,
+/// and the CA the agents' certificates must chain to. The agent's certificate must be issued
+/// for its *name* (as `lockstep certs` does), whatever address it is reached at.
+pub fn use_tls(files: &lockstep_agent::daemon::tls::TlsFiles) -> Result<(), lockstep_agent::daemon::tls::TlsError> {
+    let (cert, key, ca) = files.read()?;
+    let _ = TLS.set(ClientTls { ca: Certificate::from_pem(ca), identity: Identity::from_pem(cert, key) });
+    Ok(())
 }
 
 pub type Client = AgentClient<tonic::service::interceptor::InterceptedService<Channel, Token>>;
@@ -53,21 +75,73 @@ fn call_err(agent: &str, address: &str, s: tonic::Status) -> ClientError {
         tonic::Code::Unauthenticated => {
             "refused the token (give the agent's token with --token or LOCKSTEP_TOKEN)".to_string()
         }
-        tonic::Code::Unavailable => format!("unreachable ({})", s.message()),
+        tonic::Code::Unavailable => {
+            format!("unreachable ({})", explain(s.message().to_string(), std::error::Error::source(&s), agent, TLS.get().is_some()))
+        }
+        tonic::Code::Unknown | tonic::Code::Cancelled => {
+            explain(s.message().to_string(), std::error::Error::source(&s), agent, TLS.get().is_some())
+        }
         _ => s.message().to_string(),
     };
     ClientError::Call { agent: agent.into(), address: address.into(), message }
 }
 
+/// Why a connection failed, from the innermost errors (tonic's own says only "transport
+/// error"), with what to do about a failed TLS handshake.
+fn connect_detail(e: &tonic::transport::Error, name: &str, tls: bool) -> String {
+    explain(e.to_string(), std::error::Error::source(e), name, tls)
+}
+
+/// `first`, then every distinct message of the `source` chain, and a hint when it looks like
+/// a failed TLS handshake (a broken pipe or a cancelled call right after connecting).
+fn explain(first: String, source: Option<&(dyn std::error::Error + 'static)>, name: &str, tls: bool) -> String {
+    let mut chain = vec![first];
+    let mut cur = source;
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !chain.contains(&m) {
+            chain.push(m);
+        }
+        cur = c.source();
+    }
+    let text = chain.join(": ");
+    let lower = text.to_lowercase();
+    let handshake =
+        ["certificate", "tls", "handshake", "alert", "frame", "connection reset", "broken pipe", "unexpected eof", "canceled", "h2 protocol"]
+        .iter()
+        .any(|w| lower.contains(w));
+    if tls && handshake {
+        format!(
+            "{text} (mutual TLS failed: the agent's certificate must be issued for the name '{name}' by the CA of --tls-ca, \
+             and this coordinator's by the CA the agent trusts)"
+        )
+    } else if !tls && handshake {
+        format!("{text} (if the agent requires mutual TLS, give --tls-cert, --tls-key and --tls-ca)")
+    } else {
+        text
+    }
+}
+
 /// Connects with keepalive pings (a paused or dead agent is noticed within seconds even when no
 /// interval is due) and says hello; a version mismatch is a refusal naming both versions.
 pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<Connected, ClientError> {
-    let url = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
-    let endpoint = Endpoint::from_shared(url).map_err(|e| ClientError::Connect {
+    let tls = TLS.get();
+    let url = match (address.contains("://"), tls) {
+        (true, _) => address.to_string(),
+        (false, Some(_)) => format!("https://{address}"),
+        (false, None) => format!("http://{address}"),
+    };
+    let connect_err = |e: tonic::transport::Error| ClientError::Connect {
         agent: name.into(),
         address: address.into(),
-        source: e,
-    })?;
+        detail: connect_detail(&e, name, tls.is_some()),
+    };
+    let mut endpoint = Endpoint::from_shared(url).map_err(connect_err)?;
+    if let Some(t) = tls {
+        // The agent must prove it is `name`, not merely someone the CA signed for.
+        let cfg = ClientTlsConfig::new().ca_certificate(t.ca.clone()).identity(t.identity.clone()).domain_name(name);
+        endpoint = endpoint.tls_config(cfg).map_err(connect_err)?;
+    }
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(1))
@@ -76,7 +150,7 @@ pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<C
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|source| ClientError::Connect { agent: name.into(), address: address.into(), source })?;
+        .map_err(connect_err)?;
     let token = Token(token.and_then(|t| MetadataValue::try_from(format!("Bearer {t}")).ok()));
     let mut client = AgentClient::with_interceptor(channel, token)
         .max_decoding_message_size(256 << 20);

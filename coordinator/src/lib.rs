@@ -6,7 +6,8 @@
 //! - `clock`: clock offsets (lowest round trip wins) and the achieved start skew;
 //! - `merge`: interval reports into volume, node and cluster results, from merged histograms;
 //! - `results`: the one results structure of a run (`results.json`);
-//! - `client`: connecting to an agent (versions checked, clock probes);
+//! - `client`: connecting to an agent (plain or mutual TLS; versions checked, clock probes);
+//! - `certs`: `lockstep certs`, a test CA and certificates for mutual TLS;
 //! - `run`: a run on agents: prepare, synchronized start, streams, lost agents, abort;
 //! - `local`: `--local N`, agents as child processes on this machine;
 //! - `live`: the live view (progress bar, or log lines when not on a terminal);
@@ -20,6 +21,7 @@
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
 pub mod chokepoint;
+pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod clock;

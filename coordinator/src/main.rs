@@ -48,6 +48,20 @@ enum Command {
         /// The registry's key prefix in etcd.
         #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
+        #[command(flatten)]
+        tls: TlsArgs,
+    },
+    /// Make a test CA and mutual-TLS certificates for agents (by name) and coordinators.
+    Certs {
+        /// Directory for ca.pem, ca.key, NAME.pem, NAME.key (created; nothing is overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// Agent names (their --name), comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        agents: Vec<String>,
+        /// Coordinator certificate names, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "coordinator")]
+        coordinators: Vec<String>,
     },
     /// List the live agents registered in etcd, with labels, volumes and versions.
     Agents {
@@ -64,6 +78,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Mutual TLS to the agents: all three files or none.
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// This coordinator's certificate (PEM; `lockstep certs` makes a test set).
+    #[arg(long, env = "LOCKSTEP_TLS_CERT", value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "LOCKSTEP_TLS_KEY", value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// The CA the agents' certificates must chain to (PEM).
+    #[arg(long, env = "LOCKSTEP_TLS_CA", value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn apply(self) -> anyhow::Result<()> {
+        use lockstep_agent::daemon::tls::TlsFiles;
+        if let Some(files) = TlsFiles::from_flags(self.tls_cert, self.tls_key, self.tls_ca)? {
+            lockstep::client::use_tls(&files)?;
+        }
+        Ok(())
+    }
 }
 
 fn parse_agent(s: &str) -> Result<(String, String), String> {
@@ -94,7 +132,8 @@ fn main() -> ExitCode {
             metrics_listen,
             etcd,
             etcd_prefix,
-        } => {
+            tls,
+        } => tls.apply().and_then(|()| {
             cli::run_command(RunArgs {
                 plan,
                 local,
@@ -108,9 +147,10 @@ fn main() -> ExitCode {
                 etcd,
                 etcd_prefix,
             })
-        }
+        }),
         Command::Report { dir, json } => cli::report_command(&dir, json),
         Command::Agents { etcd, etcd_prefix, json } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
+        Command::Certs { out, agents, coordinators } => lockstep::certs::certs_command(&out, &agents, &coordinators),
     };
     result.unwrap_or_else(|e| {
         eprintln!("lockstep: error: {e:#}");

@@ -4,6 +4,7 @@
 //! - `aggregate`: one interval report per volume from the runner's per-clone intervals;
 //! - `metrics`: Prometheus metrics (`/metrics`);
 //! - `notify`: readiness and watchdog pings for systemd (`Type=notify`, `WatchdogSec=`);
+//! - `tls`: mutual TLS with the operator's CA (`--tls-cert/--tls-key/--tls-ca`);
 //! - this module: the gRPC service and the life of a run (prepare → start at an instant →
 //!   stream intervals → final result), with the safety rule that an agent whose coordinator is
 //!   gone for longer than the grace period stops its own IO: no runaway load on a production host.
@@ -11,6 +12,7 @@
 pub mod aggregate;
 pub mod metrics;
 pub mod notify;
+pub mod tls;
 pub mod volume;
 
 use std::collections::BTreeMap;
@@ -592,11 +594,13 @@ fn dir_totals(d: &DirStats) -> DirTotals {
 }
 
 /// Serves the agent until `shutdown` resolves. Keepalive pings find a coordinator that died or
-/// was paused even when no interval is due, so the grace period starts promptly.
+/// was paused even when no interval is due, so the grace period starts promptly. With `tls`,
+/// every connection must complete a mutual-TLS handshake first.
 pub async fn serve(
     cfg: DaemonConfig,
     listener: tokio::net::TcpListener,
     metrics_listener: Option<tokio::net::TcpListener>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let service = AgentService::new(cfg);
@@ -605,7 +609,11 @@ pub async fn serve(
         tokio::spawn(async move { metrics::serve(l, m).await });
     }
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(1)))
         .http2_keepalive_timeout(Some(Duration::from_secs(3)))
         .add_service(service.into_server())
@@ -624,6 +632,8 @@ pub struct ServeOptions {
     pub advertise: Option<String>,
     /// Register in etcd under a lease (`--etcd`).
     pub registry: Option<crate::registry::RegistryOptions>,
+    /// Require mutual TLS (`--tls-cert/--tls-key/--tls-ca`).
+    pub tls: Option<tls::TlsFiles>,
 }
 
 /// The address to publish: `--advertise`, else the bound address (hostname for 0.0.0.0/::).
@@ -635,7 +645,7 @@ fn advertised(opts: &ServeOptions, bound: std::net::SocketAddr) -> String {
     }
 }
 
-fn registration(cfg: &DaemonConfig, address: String) -> crate::registry::Registration {
+fn registration(cfg: &DaemonConfig, address: String, tls: bool) -> crate::registry::Registration {
     use crate::registry::{RegisteredCapabilities, RegisteredVolume, Registration};
     Registration {
         name: cfg.name.clone(),
@@ -661,7 +671,7 @@ fn registration(cfg: &DaemonConfig, address: String) -> crate::registry::Registr
             exec_allowed: cfg.allow_exec,
             block_devices_allowed: cfg.allow_block_devices,
         },
-        tls: false,
+        tls,
         hostname: hostname(),
         registered_unix_ms: (unix_ns(SystemTime::now()) / 1_000_000) as u64,
     }
@@ -681,6 +691,7 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
     for v in &cfg.volumes {
         anyhow::ensure!(names.insert(&v.name), "--volume {}: the name is given twice", v.name);
     }
+    let tls = opts.tls.as_ref().map(tls::TlsFiles::server_config).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listen = &opts.listen;
@@ -701,7 +712,7 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
             let _ = rx.wait_for(|s| *s).await;
         };
         let registry = opts.registry.clone().map(|r| {
-            let reg = registration(&cfg, advertised(&opts, bound));
+            let reg = registration(&cfg, advertised(&opts, bound), opts.tls.is_some());
             tokio::spawn(crate::registry::keep_registered(r, reg, stopped(stop_rx.clone())))
         });
         notify::ready(&format!("serving on {bound}"));
@@ -717,7 +728,7 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
             notify::stopping();
             let _ = stop_tx.send(true);
         });
-        serve(cfg, listener, metrics, stopped(stop_rx)).await.context("serving")?;
+        serve(cfg, listener, metrics, tls, stopped(stop_rx)).await.context("serving")?;
         if let Some(r) = registry {
             // The lease revoke is bounded by its own timeout.
             let _ = r.await;
