@@ -193,6 +193,9 @@ pub struct JobSpec {
     pub fdatasync: u32,
     pub end_fsync: bool,
     pub verify: Option<VerifyKind>,
+    /// An IO that takes longer than this is listed as stuck (`stuck_timeout`, a lockstep
+    /// extension named as proposed in fio issue #2012); zero turns the list off.
+    pub stuck_timeout: Duration,
     pub group_reporting: bool,
     /// Percentiles to report (`percentile_list`), fio's default list when not given.
     pub percentile_list: Vec<f64>,
@@ -201,6 +204,9 @@ pub struct JobSpec {
     /// `description=` as given.
     pub description: Option<String>,
 }
+
+/// Default `stuck_timeout`.
+pub const DEFAULT_STUCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// fio's default `percentile_list`.
 pub const DEFAULT_PERCENTILES: [f64; 17] = [
@@ -244,6 +250,7 @@ impl JobSpec {
             fdatasync: 0,
             end_fsync: false,
             verify: None,
+            stuck_timeout: DEFAULT_STUCK_TIMEOUT,
             group_reporting: false,
             percentile_list: DEFAULT_PERCENTILES.to_vec(),
             invalidate: true,

@@ -656,6 +656,10 @@ const SUPPORTED: &[&str] = &[
     "kb_base",
 ];
 
+/// lockstep's own options (not fio's): `stuck_timeout` lists IOs slower than it (fio issue
+/// #2012 proposes the same name).
+const LOCKSTEP_ONLY: &[&str] = &["stuck_timeout"];
+
 /// Options accepted and ignored because they do not change the IO issued or what is measured
 /// (each is justified in docs/fio-compatibility.md). Their values are still checked.
 const ADVISORY: &[&str] = &[
@@ -778,6 +782,7 @@ fn suggest(key: &str) -> Option<&'static str> {
     SUPPORTED
         .iter()
         .chain(ADVISORY)
+        .chain(LOCKSTEP_ONLY)
         .chain(ALIASES.iter().map(|(alias, _)| alias))
         .map(|name| (edit_distance(key, name), *name))
         .filter(|&(d, name)| d <= 2 && d < name.len() / 2)
@@ -1276,6 +1281,8 @@ fn apply(
                 }
             };
         }
+        // lockstep's own (fio issue #2012 proposes it): list IOs slower than this; 0 turns off.
+        "stuck_timeout" => spec.stuck_timeout = units::parse_time(need(value)?, TimeUnit::Seconds)?,
         "stonewall" => spec.stonewall = boolean(value)?,
         "group_reporting" => spec.group_reporting = boolean(value)?,
         "percentile_list" => spec.percentile_list = parse_percentiles(need(value)?)?,
@@ -2112,7 +2119,7 @@ mod tests {
             assert!(SUPPORTED.contains(name), "{name}");
         }
         // Every supported and advisory option is handled by `apply`, not refused.
-        for name in SUPPORTED.iter().chain(ADVISORY) {
+        for name in SUPPORTED.iter().chain(ADVISORY).chain(LOCKSTEP_ONLY) {
             let mut b = Builder::new(JobSpec::with_defaults("j", Origin::default()));
             let result = apply(&mut b, name, None, false);
             assert!(

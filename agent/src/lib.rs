@@ -14,6 +14,8 @@
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
+//! - `verify`: exact data verification (block headers, generations of acknowledged writes,
+//!   saved state, lost/stale/corrupt blocks by offset);
 //! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...);
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
@@ -32,4 +34,5 @@ pub mod progress;
 pub mod standalone;
 pub mod stats;
 pub mod units;
+pub mod verify;
 pub mod workload;

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::engine::{self, Completion, IoOp};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
-use crate::job::{Direction, EngineKind, JobSpec, VerifyKind};
+use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
 use crate::rate::RateScheduler;
 use crate::report::{JobReport, RunReport};
-use crate::stats::{DirStats, IntervalSummary, JobStats, depth_bucket, record};
+use crate::stats::{DirStats, IntervalSummary, JobStats, STUCK_LIMIT, StuckIo, depth_bucket, record};
+use crate::verify::{self, VerifyReport, VerifyState};
 use crate::workload::{Generator, WorkloadParams};
 
 /// A finished interval of one job clone, with its own (not cumulative) histograms. The agent
@@ -138,6 +139,7 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
         }
         plans.push(per_clone);
     }
+    check_verified_files_are_private(jobs, &plans)?;
     let mut created = CreatedFiles::default();
     let needs_data = |j: &JobSpec| j.pattern.reads() || j.verify.is_some();
     let files_of = |want_data: bool| -> Vec<PlannedFile> {
@@ -190,6 +192,18 @@ impl PreparedRun {
             i = end;
         }
         self.discard(opts.keep_files);
+        // A verify state is only worth keeping beside the data it describes.
+        for r in &mut reports {
+            if let Some(v) = r.verify.as_mut() {
+                v.state_files.retain(|sp| {
+                    let keep = verify::data_files_exist(std::path::Path::new(sp));
+                    if !keep {
+                        let _ = std::fs::remove_file(sp);
+                    }
+                    keep
+                });
+            }
+        }
         RunReport { jobs: reports, started, elapsed: t_start.elapsed() }
     }
 
@@ -201,6 +215,46 @@ impl PreparedRun {
             }
         }
     }
+}
+
+/// A verifying clone keeps the generation of every block it wrote, so no other clone may
+/// write its files: clones sharing a file (`filename=` with `numjobs` > 1, or two jobs naming
+/// one file) would overwrite each other's blocks and every overwritten block would be
+/// reported as lost. Refused before anything is written.
+fn check_verified_files_are_private(jobs: &[JobSpec], plans: &[Vec<Vec<PlannedFile>>]) -> Result<(), RunError> {
+    let mut writers: HashMap<&std::path::Path, Vec<(usize, u32)>> = HashMap::new();
+    for (j, per_clone) in plans.iter().enumerate() {
+        if !jobs[j].pattern.writes() {
+            continue;
+        }
+        for (c, files) in per_clone.iter().enumerate() {
+            for f in files {
+                let users = writers.entry(f.path.as_path()).or_default();
+                if !users.contains(&(j, c as u32)) {
+                    users.push((j, c as u32));
+                }
+            }
+        }
+    }
+    for (path, users) in &writers {
+        if users.len() < 2 {
+            continue;
+        }
+        if let Some(&(j, _)) = users.iter().find(|&&(j, _)| jobs[j].verify.is_some()) {
+            let who: Vec<String> = users.iter().map(|&(j, c)| format!("'{}' clone {c}", jobs[j].name)).collect();
+            return Err(RunError::Setup {
+                job: jobs[j].name.clone(),
+                message: format!(
+                    "verify=crc32c needs files no other job or clone writes, but {} is written by {}; \
+                     verification is per clone, so give each clone its own files (drop filename= and \
+                     use directory=, or numjobs=1)",
+                    path.display(),
+                    who.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn validate(job: &JobSpec) -> Result<(), RunError> {
@@ -217,6 +271,9 @@ fn validate(job: &JobSpec) -> Result<(), RunError> {
     }
     if job.max_bs() > u32::MAX as u64 / 2 {
         return Err(err(format!("block size {} is too large (at most 1 GiB)", job.max_bs())));
+    }
+    if job.verify.is_some() && job.pattern.writes() {
+        verify::check_job(job).map_err(err)?;
     }
     Ok(())
 }
@@ -334,6 +391,10 @@ struct Slot {
     submitted: Instant,
     intended: Option<Instant>,
     outcome: Outcome,
+    /// Write generation of a verified write (0: not verified).
+    generation: u32,
+    /// Index in the stuck list once listed while still in flight.
+    stuck: Option<u32>,
 }
 
 /// Per-thread resource usage, for fio's cpu line.
@@ -348,51 +409,6 @@ fn thread_rusage() -> libc::rusage {
 
 fn tv(t: libc::timeval) -> Duration {
     Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000)
-}
-
-const VERIFY_MAGIC: u64 = 0x3130_5650_5453_4b4c; // "LKSTPV01"
-const VERIFY_HEADER: usize = 40;
-
-/// Fills a write buffer with a self-describing block: header (magic, offset, len, generation,
-/// seed) then deterministic data, then the crc32c of everything but the crc field.
-fn fill_verify_block(buf: &mut [u8], file: u32, offset: u64, generation: u32, seed: u64) {
-    let len = buf.len();
-    layout::fill_pseudo_random(&mut buf[VERIFY_HEADER..], mix(seed, offset, generation as u64));
-    buf[0..8].copy_from_slice(&VERIFY_MAGIC.to_le_bytes());
-    buf[8..16].copy_from_slice(&offset.to_le_bytes());
-    buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
-    buf[20..24].copy_from_slice(&generation.to_le_bytes());
-    buf[24..28].copy_from_slice(&file.to_le_bytes());
-    buf[28..36].copy_from_slice(&seed.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..36]), &buf[VERIFY_HEADER..]);
-    buf[36..40].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// What a verified read found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum BlockCheck {
-    Good,
-    /// Not one of our blocks at all (never written, or overwritten by something else).
-    Lost,
-    /// Ours, but an older generation: a write was acknowledged and not persisted.
-    Stale { found: u32 },
-    /// Header or checksum does not match.
-    Corrupt,
-}
-
-pub fn check_verify_block(buf: &[u8], offset: u64, generation: u32) -> BlockCheck {
-    if buf.len() < VERIFY_HEADER || buf[0..8] != VERIFY_MAGIC.to_le_bytes() {
-        return BlockCheck::Lost;
-    }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..36]), &buf[VERIFY_HEADER..]);
-    if buf[36..40] != crc.to_le_bytes()
-        || buf[8..16] != offset.to_le_bytes()
-        || buf[16..20] != (buf.len() as u32).to_le_bytes()
-    {
-        return BlockCheck::Corrupt;
-    }
-    let found = u32::from_le_bytes(buf[20..24].try_into().unwrap());
-    if found != generation { BlockCheck::Stale { found } } else { BlockCheck::Good }
 }
 
 fn errno_text(result: i64) -> String {
@@ -410,6 +426,7 @@ fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
         stats: JobStats::new(open_loop),
         error: None,
         started: SystemTime::now(),
+        verify: None,
     };
     let live = &ctx.opts.live;
     live.running.fetch_add(1, Ordering::Relaxed);
@@ -493,8 +510,11 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
     let mut gate = ctx.faults.gate.take();
     let mut fault = ctx.faults.fault.take();
-    let mut verify_map: HashMap<(u32, u64), (u32, u32)> = HashMap::new();
-    let verify_seed = ctx.seed;
+    let verifying = job.verify.is_some() && !null;
+    let mut vstate = VerifyState::new(ctx.seed);
+    // A write to a block that already has one in flight waits here (see `verify`).
+    let mut deferred: Option<crate::workload::IoRequest> = None;
+    let stuck_ns = job.stuck_timeout.as_nanos() as u64;
 
     let stats = &mut report.stats;
     let mut iv = [DirStats::new(rate.is_some()), DirStats::new(rate.is_some())];
@@ -522,6 +542,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let mut sync_pending = false;
     let mut exhausted = false;
     let mut inflight = 0usize;
+    // IOs taken from the generator and counted in flight, waiting for their gate's instant.
+    let mut gated: std::collections::VecDeque<(Instant, IoOp)> = std::collections::VecDeque::new();
     let mut area = 0f64; // integral of inflight over time in the current interval (IO·ns)
     let mut last_now = t0;
     let mut failure: Option<String> = None;
@@ -529,7 +551,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let gate_origin = t0;
 
     loop {
-        let mut now = Instant::now();
+        let now = Instant::now();
         area += inflight as f64 * now.saturating_duration_since(last_now).as_nanos() as f64;
         last_now = last_now.max(now);
         if !measuring && now >= ramp_end {
@@ -546,6 +568,16 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             ru_start = thread_rusage();
         }
         if measuring && now >= next_tick {
+            if stuck_ns > 0 {
+                // IOs still in flight past the timeout are listed now, not only if they ever
+                // complete (a hung device never answers).
+                for s in slots.iter_mut().flatten() {
+                    let age = now.saturating_duration_since(s.ready).as_nanos() as u64;
+                    if s.stuck.is_none() && age > stuck_ns {
+                        s.stuck = Some(note_stuck(stats, ctx.files, s, t0, age, false));
+                    }
+                }
+            }
             close_interval(ctx, stats, &mut iv, &mut area, last_tick, now, timed_start);
             last_tick = now;
             next_tick += interval;
@@ -559,8 +591,22 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             deadline = Some(now.min(deadline.unwrap_or(now)));
         }
 
-        // Issue as many IOs as the depth, the rate, thinktime and fsync allow.
+        // Start the gated IOs whose time has come (all of them when stopping).
         queued_now.clear();
+        while let Some(&(t, op)) = gated.front() {
+            if t > now && !stopping {
+                break;
+            }
+            gated.pop_front();
+            match engine.queue(op) {
+                Ok(()) => queued_now.push(op.tag),
+                Err(e) => {
+                    failure.get_or_insert(e.to_string());
+                    completions.push(Completion { tag: op.tag, result: -(libc::EIO as i64) });
+                }
+            }
+        }
+        // Issue as many IOs as the depth, the rate, thinktime and fsync allow.
         while !stopping && !exhausted && !sync_pending {
             let Some(&slot_idx) = free.last() else { break };
             if let Some(t) = not_before {
@@ -573,19 +619,32 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 Some(t) if t > now => break,
                 other => other,
             };
-            let Some(req) = generator.next() else {
-                exhausted = true;
-                break;
+            let req = match deferred.take() {
+                Some(r) => r,
+                None => match generator.next() {
+                    Some(r) => r,
+                    None => {
+                        exhausted = true;
+                        break;
+                    }
+                },
             };
-            let gate_now = (now - gate_origin).as_nanos() as u64;
+            if verifying && req.dir == Direction::Write && vstate.busy(req.file as u32, req.offset) {
+                // Its intended time is not consumed: the wait counts in its latency.
+                deferred = Some(req);
+                break;
+            }
+            // A gated volume (cap, EBS model) takes the IO now and starts it when its bucket
+            // admits it, in order: the IO counts as outstanding from now and its latency
+            // includes the wait (slat), as on a throttled cloud volume where the application
+            // sees deep queues and long latencies, not fewer IOs in flight.
+            let mut admit_at = now;
             if let Some(g) = gate.as_mut() {
+                let gate_now = (now - gate_origin).as_nanos() as u64;
                 if let Admission::At(t) = g.admit(gate_now, req.dir, req.len) {
-                    // Hold this IO until the gate admits it: wait, then charge and issue.
-                    let wait_until = gate_origin + Duration::from_nanos(t);
-                    sleep_until_unless_stopped(wait_until, stop);
-                    now = Instant::now();
+                    admit_at = gate_origin + Duration::from_nanos(t);
                 }
-                g.charge((now - gate_origin).as_nanos() as u64, req.dir, req.len);
+                g.charge((admit_at - gate_origin).as_nanos() as u64, req.dir, req.len);
             }
             let outcome = match fault.as_mut() {
                 Some(f) => f.on_issue((now - gate_origin).as_nanos() as u64, req.dir, req.len),
@@ -593,21 +652,16 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             };
             free.pop();
             let len = req.len as u32;
-            if req.dir == Direction::Write && job.verify.is_some() {
-                let key = (req.file as u32, req.offset);
-                let generation = verify_map.get(&key).map_or(1, |&(_, g)| g + 1);
-                fill_verify_block(
+            let mut generation = 0;
+            if verifying && req.dir == Direction::Write {
+                generation = vstate.issue(req.file as u32, req.offset, len);
+                verify::fill_block(
                     buffers.slice(slot_idx as usize, len as usize),
                     req.file as u32,
                     req.offset,
                     generation,
-                    verify_seed,
+                    vstate.seed,
                 );
-                if !matches!(outcome, Outcome::DropWrite) {
-                    verify_map.insert(key, (len, generation));
-                } else {
-                    verify_map.entry(key).or_insert((len, 0));
-                }
             }
             slots[slot_idx as usize] = Some(Slot {
                 dir: req.dir,
@@ -618,6 +672,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 submitted: now,
                 intended,
                 outcome,
+                generation,
+                stuck: None,
             });
             let fail_now = matches!(outcome, Outcome::FailEio | Outcome::DropWrite);
             if !fail_now {
@@ -629,11 +685,15 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     buf: buffers.slot(slot_idx as usize),
                     tag: slot_idx,
                 };
-                if let Err(e) = engine.queue(op) {
+                if admit_at > now {
+                    gated.push_back((admit_at, op));
+                } else if let Err(e) = engine.queue(op) {
                     failure = Some(e.to_string());
                     free.push(slot_idx);
                     slots[slot_idx as usize] = None;
                     break;
+                } else {
+                    queued_now.push(slot_idx);
                 }
             } else {
                 // Faults that never reach the device complete "at once" below.
@@ -643,8 +703,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     -(libc::EIO as i64)
                 };
                 completions.push(Completion { tag: slot_idx, result });
+                queued_now.push(slot_idx);
             }
-            queued_now.push(slot_idx);
             // The queue-depth integral is advanced at every change of the depth, so the
             // interval's mean outstanding IOs is exact (Little's law checks depend on it).
             area += inflight as f64 * now.saturating_duration_since(last_now).as_nanos() as f64;
@@ -714,6 +774,9 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 wake = wake.min(t);
             }
         }
+        if let Some(&(t, _)) = gated.front() {
+            wake = wake.min(t);
+        }
         let already = completions.len();
         let timeout = wake.saturating_duration_since(Instant::now());
         let need_wait = already == 0;
@@ -753,6 +816,16 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             area += inflight as f64 * t_done.saturating_duration_since(last_now).as_nanos() as f64;
             last_now = last_now.max(t_done);
             inflight -= 1;
+            if slot.generation > 0 {
+                // A short write may have written part of the block: not acknowledged.
+                let ok = c.result == slot.len as i64;
+                let dropped = matches!(slot.outcome, Outcome::DropWrite);
+                vstate.complete(slot.file, slot.offset, slot.generation, ok, dropped);
+            }
+            let took = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
+            if stuck_ns > 0 && (took > stuck_ns || slot.stuck.is_some()) {
+                note_stuck(stats, ctx.files, &slot, t0, took, true);
+            }
             let d = &mut iv[slot.dir as usize];
             d.ios += 1;
             if c.result < 0 {
@@ -807,13 +880,68 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     stats.majf = (ru.ru_majflt - ru_start.ru_majflt) as u64;
     report.started = SystemTime::now() - (end - timed_start);
 
-    if failure.is_none() && job.verify == Some(VerifyKind::Crc32c) && !null {
-        failure = verify_all(job, &files, &verify_map, ctx.files, &mut buffers);
+    if verifying && !vstate.blocks.is_empty() {
+        let names: Vec<String> = ctx.files.iter().map(|f| absolute(&f.path)).collect();
+        let mut r = if stop.load(Ordering::Relaxed) {
+            VerifyReport { errors: vec!["stopped before verification".into()], ..Default::default() }
+        } else {
+            verify::check(&vstate, &files, &names)
+        };
+        if let Some(first) = ctx.files.first() {
+            let sp = verify::state_path(&first.path, &job.name, ctx.clone);
+            match verify::save(&sp, &job.name, ctx.clone, &names, &vstate) {
+                Ok(()) => r.state_files.push(absolute(&sp)),
+                Err(e) => r.errors.push(format!("saving the verify state: {e}")),
+            }
+        }
+        if r.bad() > 0 && failure.is_none() {
+            let first: Vec<String> =
+                r.findings.iter().take(10).map(|f| format!("{}@{}: {:?}", f.file, f.offset, f.kind)).collect();
+            failure = Some(format!(
+                "verify (crc32c) failed on {} of {} blocks of job '{}': {}",
+                r.bad(),
+                r.blocks,
+                job.name,
+                first.join(", ")
+            ));
+        }
+        report.verify = Some(r);
     }
     match failure {
         Some(f) => Err(f),
         None => Ok(()),
     }
+}
+
+fn absolute(p: &std::path::Path) -> String {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+}
+
+/// Lists (or updates) a stuck IO; returns its index in the list (`u32::MAX`: counted, not
+/// listed, the list being full).
+fn note_stuck(stats: &mut JobStats, files: &[PlannedFile], slot: &Slot, t0: Instant, took_ns: u64, completed: bool) -> u32 {
+    let latency_ms = took_ns / 1_000_000;
+    if let Some(i) = slot.stuck {
+        if let Some(s) = stats.stuck.get_mut(i as usize) {
+            s.latency_ms = latency_ms;
+            s.completed = completed;
+        }
+        return i;
+    }
+    stats.stuck_count += 1;
+    if stats.stuck.len() >= STUCK_LIMIT {
+        return u32::MAX;
+    }
+    stats.stuck.push(StuckIo {
+        file: files.get(slot.file as usize).map(|f| f.path.display().to_string()).unwrap_or_default(),
+        offset: slot.offset,
+        len: slot.len,
+        direction: slot.dir,
+        start_ms: slot.ready.saturating_duration_since(t0).as_millis() as u64,
+        latency_ms,
+        completed,
+    });
+    (stats.stuck.len() - 1) as u32
 }
 
 fn rate_ios_per_sec(job: &JobSpec) -> Option<f64> {
@@ -910,51 +1038,6 @@ fn do_sync(
             stats.sync.ios += 1;
             record(&mut stats.sync.lat, t.elapsed().as_nanos() as u64);
         }
-    }
-}
-
-/// Re-reads every block written with verify on and checks its header and crc32c.
-fn verify_all(
-    job: &JobSpec,
-    files: &[File],
-    map: &HashMap<(u32, u64), (u32, u32)>,
-    planned: &[PlannedFile],
-    buffers: &mut Buffers,
-) -> Option<String> {
-    let mut bad: Vec<String> = Vec::new();
-    let mut count = 0u64;
-    for (&(file, offset), &(len, generation)) in map {
-        let buf = buffers.slice(0, len as usize);
-        let op = IoOp {
-            dir: Direction::Read,
-            fd: files[file as usize].as_raw_fd(),
-            offset,
-            len,
-            buf: buf.as_mut_ptr(),
-            tag: 0,
-        };
-        let r = engine::sync_rw(&op);
-        let verdict = if r != len as i64 {
-            BlockCheck::Lost
-        } else {
-            check_verify_block(buffers.slice(0, len as usize), offset, generation)
-        };
-        if verdict != BlockCheck::Good && !(generation == 0 && verdict == BlockCheck::Lost) {
-            count += 1;
-            if bad.len() < 10 {
-                bad.push(format!("{}@{offset}: {verdict:?}", planned[file as usize].path.display()));
-            }
-        }
-    }
-    if count > 0 {
-        Some(format!(
-            "verify (crc32c) failed on {count} of {} blocks of job '{}': {}",
-            map.len(),
-            job.name,
-            bad.join(", ")
-        ))
-    } else {
-        None
     }
 }
 

@@ -132,6 +132,23 @@ pub struct IntervalSummary {
     pub outstanding: f64,
 }
 
+/// An IO that took longer than the job's `stuck_timeout` (or was still in flight after it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StuckIo {
+    pub file: String,
+    pub offset: u64,
+    pub len: u32,
+    pub direction: crate::job::Direction,
+    /// When it was issued, ms since the job's start (the run's synchronized start in a cluster).
+    pub start_ms: u64,
+    /// From issue to completion; for an IO still in flight, up to when it was last seen.
+    pub latency_ms: u64,
+    pub completed: bool,
+}
+
+/// Stuck IOs listed per job clone; beyond it they are only counted (`JobStats::stuck_count`).
+pub const STUCK_LIMIT: usize = 100;
+
 /// fio's "IO depths" buckets: 1, 2, 4, 8, 16, 32, >=64.
 pub const DEPTH_BUCKETS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 
@@ -152,6 +169,9 @@ pub struct JobStats {
     pub minf: u64,
     pub majf: u64,
     pub intervals: Vec<IntervalSummary>,
+    /// The first `STUCK_LIMIT` stuck IOs, and how many there were in all.
+    pub stuck: Vec<StuckIo>,
+    pub stuck_count: u64,
 }
 
 impl JobStats {
@@ -167,6 +187,8 @@ impl JobStats {
             minf: 0,
             majf: 0,
             intervals: Vec::new(),
+            stuck: Vec::new(),
+            stuck_count: 0,
         }
     }
 
@@ -187,6 +209,9 @@ impl JobStats {
         self.ctx += other.ctx;
         self.minf += other.minf;
         self.majf += other.majf;
+        let room = STUCK_LIMIT.saturating_sub(self.stuck.len());
+        self.stuck.extend(other.stuck.iter().take(room).cloned());
+        self.stuck_count += other.stuck_count;
         for (i, iv) in other.intervals.iter().enumerate() {
             if let Some(mine) = self.intervals.get_mut(i) {
                 for d in 0..2 {

@@ -132,6 +132,8 @@ fn main() {
         faults: vec![],
         warnings: vec![],
         drill: None,
+        stuck_ios: Vec::new(),
+        verify: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

@@ -40,7 +40,8 @@ pub struct RunArgs {
     pub etcd_prefix: String,
 }
 
-/// Exit codes: 0 all good; 1 an objective failed (or a chokepoint with --fail-on-chokepoint);
+/// Exit codes: 0 all good; 1 an objective failed, verification found a lost, stale or corrupted
+/// block, or a chokepoint with --fail-on-chokepoint;
 /// 2 the run could not be done (bad plan, unreachable agent); 130 stopped with Ctrl-C.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -347,6 +348,7 @@ async fn run_resolved(
     let output = outcome?;
     let mut results = output.results;
     results.objectives = evaluate_objectives(&assignment, &results);
+    crate::drill::collect_finals(&mut results, &output.finals);
     let analysis = chokepoint::analyze(&results.timeline, &AnalysisOptions::default());
     let text = chokepoint::render_text(&analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
@@ -376,7 +378,7 @@ async fn run_resolved(
 fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {
     if r.status == RunStatus::Aborted {
         ExitCode::from(EXIT_INTERRUPTED)
-    } else if r.objectives_failed() || chokepoint_fails {
+    } else if r.objectives_failed() || r.verify_failed() || chokepoint_fails {
         ExitCode::from(EXIT_OBJECTIVE)
     } else {
         ExitCode::SUCCESS
@@ -391,7 +393,7 @@ pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", report::text::render(&r));
     }
-    Ok(if r.objectives_failed() { ExitCode::from(EXIT_OBJECTIVE) } else { ExitCode::SUCCESS })
+    Ok(if r.objectives_failed() || r.verify_failed() { ExitCode::from(EXIT_OBJECTIVE) } else { ExitCode::SUCCESS })
 }
 
 #[cfg(test)]

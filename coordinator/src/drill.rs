@@ -28,7 +28,11 @@ use std::collections::BTreeMap;
 use lockstep_proto::histogram::SparseHistogram;
 use serde::{Deserialize, Serialize};
 
+use lockstep_agent::verify::VerifyReport;
+use lockstep_proto::v1::VolumeResult as WireVolumeResult;
+
 use crate::hlog::LogEntry;
+use crate::results::{RunResults, StuckIoResult, VolumeVerify};
 use crate::timeline::{FaultWindow, Timeline};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -473,6 +477,101 @@ pub fn analyze(
         interval_ms,
         faults,
     }
+}
+
+/// Stuck IOs and verification findings from the agents' final results, into `r` (with a
+/// warning per volume whose stuck list was cut or whose verification found bad blocks).
+pub fn collect_finals(r: &mut RunResults, finals: &[(String, WireVolumeResult)]) {
+    for (node, v) in finals {
+        for s in &v.stuck {
+            r.stuck_ios.push(StuckIoResult {
+                node: node.clone(),
+                volume: v.volume.clone(),
+                file: s.file.clone(),
+                offset: s.offset,
+                len: s.len,
+                direction: s.direction.clone(),
+                start_ms: s.start_ms,
+                latency_ms: s.latency_ms,
+                completed: s.completed,
+            });
+        }
+        if v.stuck_count > v.stuck.len() as u64 {
+            r.warnings.push(format!(
+                "{node}/{}: {} stuck IOs, the first {} listed",
+                v.volume,
+                v.stuck_count,
+                v.stuck.len()
+            ));
+        }
+        if v.verify_json.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<VerifyReport>(&v.verify_json) {
+            Ok(report) => r.verify.push(VolumeVerify { node: node.clone(), volume: v.volume.clone(), report }),
+            Err(e) => r.warnings.push(format!("{node}/{}: unreadable verification result: {e}", v.volume)),
+        }
+    }
+    r.stuck_ios.sort_by(|a, b| (a.start_ms, &a.node, &a.volume).cmp(&(b.start_ms, &b.node, &b.volume)));
+}
+
+/// The stuck-IO and verification sections of the text report (empty when there is neither).
+pub fn render_stuck_and_verify(r: &RunResults) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if !r.stuck_ios.is_empty() {
+        let _ = writeln!(o, "\nstuck IOs (slower than the stuck_timeout, default 5 s):");
+        for s in r.stuck_ios.iter().take(20) {
+            let _ = writeln!(
+                o,
+                "  {}/{}: {} of {} bytes at offset {} of {}, issued at t={}s, {} {} ms",
+                s.node,
+                s.volume,
+                s.direction,
+                s.len,
+                s.offset,
+                s.file,
+                secs(s.start_ms),
+                if s.completed { "took" } else { "STILL IN FLIGHT after" },
+                s.latency_ms
+            );
+        }
+        if r.stuck_ios.len() > 20 {
+            let _ = writeln!(o, "  ... {} more in results.json", r.stuck_ios.len() - 20);
+        }
+    }
+    if !r.verify.is_empty() {
+        let _ = writeln!(o, "\nverify (crc32c, every acknowledged write re-read):");
+        for v in &r.verify {
+            let rep = &v.report;
+            let verdict = if rep.bad() == 0 && rep.errors.is_empty() { "ok" } else { "FAILED" };
+            let _ = writeln!(o, "  {}/{}: {verdict}: {}", v.node, v.volume, rep.summary());
+            if rep.dropped_writes > 0 {
+                let _ = writeln!(
+                    o,
+                    "      drop_writes fault: {} writes dropped, {} blocks left without their last acknowledged write",
+                    rep.dropped_writes,
+                    rep.dropped_blocks.len()
+                );
+            }
+            for f in rep.findings.iter().take(10) {
+                let found = f.found.map_or(String::new(), |g| format!(", found generation {g}"));
+                let detail = if f.detail.is_empty() { String::new() } else { format!(" ({})", f.detail) };
+                let _ = writeln!(
+                    o,
+                    "      {:?} {}@{} len {}: expected generation {}{found}{detail}",
+                    f.kind, f.file, f.offset, f.len, f.expected
+                );
+            }
+            if rep.findings.len() > 10 {
+                let _ = writeln!(o, "      ... {} more in results.json", rep.findings.len() - 10);
+            }
+            for e in &rep.errors {
+                let _ = writeln!(o, "      {e}");
+            }
+        }
+    }
+    o
 }
 
 fn ms(ns: u64) -> String {

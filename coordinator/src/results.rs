@@ -212,10 +212,46 @@ pub struct RunResults {
     /// interval histograms; `None` when the run had no faults.
     #[serde(default)]
     pub drill: Option<crate::drill::DrillReport>,
+    /// IOs slower than their job's `stuck_timeout` (default 5 s), by volume and time.
+    #[serde(default)]
+    pub stuck_ios: Vec<StuckIoResult>,
+    /// Data verification per volume (jobs with `verify=crc32c`).
+    #[serde(default)]
+    pub verify: Vec<VolumeVerify>,
+}
+
+/// An IO that took longer than the stuck-IO timeout, or was still in flight after it (fio
+/// issue #2012 asks for this list).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckIoResult {
+    pub node: String,
+    pub volume: String,
+    pub file: String,
+    pub offset: u64,
+    pub len: u32,
+    pub direction: String,
+    /// Issued at, ms since the synchronized start.
+    pub start_ms: u64,
+    pub latency_ms: u64,
+    pub completed: bool,
+}
+
+/// What one volume's verification found: lost, stale and corrupted blocks by offset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeVerify {
+    pub node: String,
+    pub volume: String,
+    #[serde(flatten)]
+    pub report: lockstep_agent::verify::VerifyReport,
 }
 
 impl RunResults {
     pub fn objectives_failed(&self) -> bool {
         self.objectives.iter().any(|o| !o.passed)
+    }
+
+    /// Verification found a lost, stale or corrupted block (an acknowledged write is gone).
+    pub fn verify_failed(&self) -> bool {
+        self.verify.iter().any(|v| v.report.bad() > 0)
     }
 }

@@ -483,6 +483,8 @@ pub async fn execute(
         faults,
         warnings,
         drill: None,
+        stuck_ios: Vec::new(),
+        verify: Vec::new(),
     };
     Ok(RunOutput { results, finals })
 }

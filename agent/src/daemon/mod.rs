@@ -555,9 +555,11 @@ fn run(
                         volume: v.name,
                         fio_json: fio_json::to_string(&report),
                         error,
-                        verify_json: String::new(),
+                        verify_json: verify_json(&report),
                         read: Some(dir_totals(&totals[0])),
                         write: Some(dir_totals(&totals[1])),
+                        stuck: stuck_ios(&report),
+                        stuck_count: report.jobs.iter().map(|j| j.stats.stuck_count).sum(),
                     }
                 })
             })
@@ -579,6 +581,33 @@ fn run(
     hub.finish();
     *shared.phase.lock().unwrap() = Phase::Idle;
     shared.metrics.set_state(0);
+}
+
+/// The volume's verification findings merged over its jobs (`VerifyReport` as JSON), or
+/// empty when no job verified.
+fn verify_json(report: &crate::report::RunReport) -> String {
+    let mut merged: Option<crate::verify::VerifyReport> = None;
+    for r in report.jobs.iter().filter_map(|j| j.verify.as_ref()) {
+        merged.get_or_insert_with(Default::default).merge(r);
+    }
+    merged.map(|m| serde_json::to_string(&m).unwrap_or_default()).unwrap_or_default()
+}
+
+fn stuck_ios(report: &crate::report::RunReport) -> Vec<lockstep_proto::v1::StuckIo> {
+    report
+        .jobs
+        .iter()
+        .flat_map(|j| &j.stats.stuck)
+        .map(|s| lockstep_proto::v1::StuckIo {
+            offset: s.offset,
+            len: s.len,
+            direction: s.direction.name().into(),
+            start_ms: s.start_ms,
+            latency_ms: s.latency_ms,
+            file: s.file.clone(),
+            completed: s.completed,
+        })
+        .collect()
 }
 
 fn dir_totals(d: &DirStats) -> DirTotals {

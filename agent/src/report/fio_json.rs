@@ -645,6 +645,7 @@ mod tests {
             stats: st,
             error: None,
             started: SystemTime::UNIX_EPOCH + Duration::from_secs(T0),
+            verify: None,
         }
     }
 

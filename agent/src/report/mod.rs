@@ -31,6 +31,8 @@ pub struct JobReport {
     pub error: Option<String>,
     /// When the timed part of the job began.
     pub started: SystemTime,
+    /// What verification found (`verify=crc32c` jobs that wrote something).
+    pub verify: Option<crate::verify::VerifyReport>,
 }
 
 /// A whole standalone run: every job, in job-file order.
@@ -541,6 +543,7 @@ mod tests {
             stats,
             error: None,
             started: SystemTime::UNIX_EPOCH,
+            verify: None,
         }
     }
 

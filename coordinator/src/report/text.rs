@@ -141,6 +141,7 @@ pub fn render(r: &RunResults) -> String {
     if let Some(d) = r.drill.as_ref().filter(|d| !d.faults.is_empty()) {
         let _ = write!(o, "\ndrill: {}", crate::drill::render_text(d));
     }
+    o.push_str(&crate::drill::render_stuck_and_verify(r));
     if let Some(c) = &r.chokepoint {
         if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
             let _ = writeln!(o, "\nchokepoint: {text}");
