@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,10 @@ pub enum CertsError {
     #[error("certificate for '{name}': {source}")]
     Generate { name: String, source: rcgen::Error },
     #[error("{path}: {source}")]
-    Write { path: String, source: std::io::Error },
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0} already exists: choose another --out (certificates are never overwritten)")]
     Exists(String),
     #[error("'{0}' is not a usable name (letters, digits, '-' and '.')")]
@@ -31,24 +34,48 @@ pub struct Written {
     pub files: Vec<PathBuf>,
 }
 
-fn write(path: &Path, text: &str, secret: bool, files: &mut Vec<PathBuf>) -> Result<(), CertsError> {
+fn write(
+    path: &Path,
+    text: &str,
+    secret: bool,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), CertsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| CertsError::Write { path: path.display().to_string(), source };
+    let err = |source| CertsError::Write {
+        path: path.display().to_string(),
+        source,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(if secret { 0o600 } else { 0o644 })
         .open(path)
-        .map_err(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { CertsError::Exists(path.display().to_string()) } else { err(e) })?;
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                CertsError::Exists(path.display().to_string())
+            } else {
+                err(e)
+            }
+        })?;
     f.write_all(text.as_bytes()).map_err(err)?;
     files.push(path.to_path_buf());
     Ok(())
 }
 
-fn leaf(name: &str, usage: ExtendedKeyUsagePurpose, issuer: &Issuer<'_, KeyPair>) -> Result<(String, String), CertsError> {
-    let gen_err = |source| CertsError::Generate { name: name.to_string(), source };
-    let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+fn leaf(
+    name: &str,
+    usage: ExtendedKeyUsagePurpose,
+    issuer: &Issuer<'_, KeyPair>,
+) -> Result<(String, String), CertsError> {
+    let gen_err = |source| CertsError::Generate {
+        name: name.to_string(),
+        source,
+    };
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
     if !valid {
         return Err(CertsError::BadName(name.to_string()));
     }
@@ -58,7 +85,10 @@ fn leaf(name: &str, usage: ExtendedKeyUsagePurpose, issuer: &Issuer<'_, KeyPair>
     dn.push(DnType::OrganizationName, "lockstep");
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
     params.extended_key_usages = vec![usage];
     let key = KeyPair::generate().map_err(gen_err)?;
     let cert = params.signed_by(&key, issuer).map_err(gen_err)?;
@@ -68,23 +98,45 @@ fn leaf(name: &str, usage: ExtendedKeyUsagePurpose, issuer: &Issuer<'_, KeyPair>
 /// Writes `ca.pem`/`ca.key`, `<agent>.pem`/`<agent>.key` for every agent and
 /// `<coordinator>.pem`/`.key` for every coordinator name into `out` (created if needed).
 /// Keys are mode 0600. Nothing is overwritten.
-pub fn generate(out: &Path, agents: &[String], coordinators: &[String]) -> Result<Written, CertsError> {
-    std::fs::create_dir_all(out).map_err(|source| CertsError::Write { path: out.display().to_string(), source })?;
+pub fn generate(
+    out: &Path,
+    agents: &[String],
+    coordinators: &[String],
+) -> Result<Written, CertsError> {
+    std::fs::create_dir_all(out).map_err(|source| CertsError::Write {
+        path: out.display().to_string(),
+        source,
+    })?;
     let mut files = Vec::new();
-    let ca_err = |source| CertsError::Generate { name: "ca".into(), source };
+    let ca_err = |source| CertsError::Generate {
+        name: "ca".into(),
+        source,
+    };
     let mut ca = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "lockstep test CA");
     dn.push(DnType::OrganizationName, "lockstep");
     ca.distinguished_name = dn;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca_key = KeyPair::generate().map_err(ca_err)?;
     let ca_cert = ca.self_signed(&ca_key).map_err(ca_err)?;
     write(&out.join("ca.pem"), &ca_cert.pem(), false, &mut files)?;
-    write(&out.join("ca.key"), &ca_key.serialize_pem(), true, &mut files)?;
+    write(
+        &out.join("ca.key"),
+        &ca_key.serialize_pem(),
+        true,
+        &mut files,
+    )?;
     let issuer = Issuer::new(ca, ca_key);
-    for (names, usage) in [(agents, ExtendedKeyUsagePurpose::ServerAuth), (coordinators, ExtendedKeyUsagePurpose::ClientAuth)] {
+    for (names, usage) in [
+        (agents, ExtendedKeyUsagePurpose::ServerAuth),
+        (coordinators, ExtendedKeyUsagePurpose::ClientAuth),
+    ] {
         for name in names {
             let (cert, key) = leaf(name, usage.clone(), &issuer)?;
             write(&out.join(format!("{name}.pem")), &cert, false, &mut files)?;
@@ -95,14 +147,24 @@ pub fn generate(out: &Path, agents: &[String], coordinators: &[String]) -> Resul
 }
 
 /// `lockstep certs --out DIR --agents a,b,c [--coordinators coordinator]`.
-pub fn certs_command(out: &Path, agents: &[String], coordinators: &[String]) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::ensure!(!agents.is_empty(), "--agents: name at least one agent (their --name)");
+pub fn certs_command(
+    out: &Path,
+    agents: &[String],
+    coordinators: &[String],
+) -> anyhow::Result<std::process::ExitCode> {
+    anyhow::ensure!(
+        !agents.is_empty(),
+        "--agents: name at least one agent (their --name)"
+    );
     let w = generate(out, agents, coordinators)?;
     for f in &w.files {
         println!("{}", f.display());
     }
     let a = &agents[0];
-    let c = coordinators.first().map(String::as_str).unwrap_or("coordinator");
+    let c = coordinators
+        .first()
+        .map(String::as_str)
+        .unwrap_or("coordinator");
     let d = out.display();
     eprintln!(
         "lockstep: a test CA; the agent '{a}' serves with\n  lockstep-agent serve --name {a} --tls-cert {d}/{a}.pem --tls-key {d}/{a}.key --tls-ca {d}/ca.pem ...\n\
@@ -119,15 +181,28 @@ mod tests {
     #[test]
     fn writes_a_ca_and_one_pair_per_name_and_never_overwrites() {
         let dir = tempfile::tempdir().unwrap();
-        let w = generate(dir.path(), &["a1".into(), "a2".into()], &["coordinator".into()]).unwrap();
+        let w = generate(
+            dir.path(),
+            &["a1".into(), "a2".into()],
+            &["coordinator".into()],
+        )
+        .unwrap();
         assert_eq!(w.files.len(), 8);
         let key = std::fs::metadata(dir.path().join("a1.key")).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(key.permissions().mode() & 0o777, 0o600);
-        assert!(std::fs::read_to_string(dir.path().join("a2.pem")).unwrap().starts_with("-----BEGIN CERTIFICATE-----"));
-        let again = generate(dir.path(), &["a1".into()], &[]).unwrap_err().to_string();
+        assert!(
+            std::fs::read_to_string(dir.path().join("a2.pem"))
+                .unwrap()
+                .starts_with("-----BEGIN CERTIFICATE-----")
+        );
+        let again = generate(dir.path(), &["a1".into()], &[])
+            .unwrap_err()
+            .to_string();
         assert!(again.contains("already exists"), "{again}");
-        let bad = generate(&dir.path().join("x"), &["a b".into()], &[]).unwrap_err().to_string();
+        let bad = generate(&dir.path().join("x"), &["a b".into()], &[])
+            .unwrap_err()
+            .to_string();
         assert!(bad.contains("not a usable name"), "{bad}");
     }
 }

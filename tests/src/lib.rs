@@ -2,6 +2,8 @@
 //! directories on a real disk (O_DIRECT does not work on tmpfs), and child processes that are
 //! killed when a test ends, pass or fail.
 
+pub mod docker;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

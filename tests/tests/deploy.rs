@@ -112,23 +112,9 @@ fn systemd_units_pass_systemd_analyze_verify() {
     );
 }
 
-/// The Docker engine, or a clear failure: CI installs and starts it (scripts/setup.sh --docker).
-pub fn require_docker() {
-    let ok = Command::new("docker")
-        .arg("info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the Docker engine is not running: run scripts/setup.sh --docker (the README's test command does)"
-    );
-}
-
 #[test]
 fn the_from_scratch_image_runs_the_agent() {
-    require_docker();
+    lockstep_tests::docker::require_docker();
     let bin_dir = bin("lockstep-agent").parent().unwrap().to_path_buf();
     let out = Command::new(repo().join("deploy/container/build.sh"))
         .arg("--bin-dir")

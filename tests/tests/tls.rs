@@ -7,8 +7,16 @@ use std::process::{Command, Output, Stdio};
 use lockstep_tests::{bin, read_json, scratch, start_agent};
 
 fn certs(out: &Path, agents: &str) {
-    let o = Command::new(bin("lockstep")).args(["certs", "--agents", agents, "--out"]).arg(out).output().unwrap();
-    assert!(o.status.success(), "lockstep certs: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(bin("lockstep"))
+        .args(["certs", "--agents", agents, "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "lockstep certs: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn tls_flags(dir: &Path, name: &str, ca: &Path) -> Vec<String> {
@@ -65,7 +73,11 @@ fn a_run_over_mutual_tls_works_and_coordinators_without_a_valid_certificate_are_
     let plan = plan(dir.path(), &[("a1", &addrs[0]), ("a2", &addrs[1])]);
 
     // The coordinator's certificate from the same CA: the run completes on both agents.
-    let o = run(&plan, &dir.path().join("ok"), &tls_flags(&pki, "coordinator", &ca));
+    let o = run(
+        &plan,
+        &dir.path().join("ok"),
+        &tls_flags(&pki, "coordinator", &ca),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r = read_json(&dir.path().join("ok/results.json"));
     assert_eq!(r["status"], "completed");
@@ -100,7 +112,11 @@ fn a_run_over_mutual_tls_works_and_coordinators_without_a_valid_certificate_are_
     let plan2 = self::plan(&plan2, &[("a1", &imp_addr)]);
     let out = dir.path().join("impostor");
     let o = run(&plan2, &out, &tls_flags(&pki, "coordinator", &ca));
-    assert_eq!(o.status.code(), Some(2), "an agent holding another agent's certificate was accepted");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "an agent holding another agent's certificate was accepted"
+    );
     // Nothing was written on any volume by the refused runs.
     assert!(std::fs::read_dir(&vol).unwrap().next().is_none());
 }

@@ -24,16 +24,30 @@ pub struct TlsFiles {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{flag} {path}: {source}")]
-    Read { flag: &'static str, path: String, source: std::io::Error },
-    #[error("{flag} {path}: no PEM block \"{want}\" in it (expected a PEM file, e.g. from `lockstep certs`)")]
-    NotPem { flag: &'static str, path: String, want: &'static str },
+    Read {
+        flag: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{flag} {path}: no PEM block \"{want}\" in it (expected a PEM file, e.g. from `lockstep certs`)"
+    )]
+    NotPem {
+        flag: &'static str,
+        path: String,
+        want: &'static str,
+    },
     #[error("--tls-cert, --tls-key and --tls-ca go together: {0} missing")]
     Incomplete(&'static str),
 }
 
 impl TlsFiles {
     /// All three or none: half a TLS configuration is refused rather than guessed at.
-    pub fn from_flags(cert: Option<PathBuf>, key: Option<PathBuf>, ca: Option<PathBuf>) -> Result<Option<TlsFiles>, TlsError> {
+    pub fn from_flags(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        ca: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, TlsError> {
         match (cert, key, ca) {
             (None, None, None) => Ok(None),
             (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { cert, key, ca })),
@@ -66,10 +80,18 @@ impl TlsFiles {
 }
 
 fn read_pem(path: &Path, flag: &'static str, want: &'static str) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+        flag,
+        path: path.display().to_string(),
+        source,
+    })?;
     // "PRIVATE KEY" also matches "RSA PRIVATE KEY" and "EC PRIVATE KEY".
     if !String::from_utf8_lossy(&bytes).contains(&format!("{want}-----")) {
-        return Err(TlsError::NotPem { flag, path: path.display().to_string(), want });
+        return Err(TlsError::NotPem {
+            flag,
+            path: path.display().to_string(),
+            want,
+        });
     }
     Ok(bytes)
 }
@@ -82,8 +104,14 @@ mod tests {
     fn all_three_files_or_none() {
         assert_eq!(TlsFiles::from_flags(None, None, None).unwrap(), None);
         let p = |s: &str| Some(PathBuf::from(s));
-        assert!(TlsFiles::from_flags(p("c"), p("k"), p("a")).unwrap().is_some());
-        let e = TlsFiles::from_flags(p("c"), None, p("a")).unwrap_err().to_string();
+        assert!(
+            TlsFiles::from_flags(p("c"), p("k"), p("a"))
+                .unwrap()
+                .is_some()
+        );
+        let e = TlsFiles::from_flags(p("c"), None, p("a"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--tls-key missing"), "{e}");
     }
 
@@ -92,7 +120,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("x.pem");
         std::fs::write(&f, "hello").unwrap();
-        let e = read_pem(&f, "--tls-ca", "CERTIFICATE").unwrap_err().to_string();
-        assert!(e.starts_with("--tls-ca ") && e.contains("no PEM block"), "{e}");
+        let e = read_pem(&f, "--tls-ca", "CERTIFICATE")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--tls-ca ") && e.contains("no PEM block"),
+            "{e}"
+        );
     }
 }

@@ -1,0 +1,254 @@
+//! Multi-host scenarios in Docker: etcd and 4 agent containers on a network of their own, each
+//! agent registered in etcd with its container address, and the coordinator on the host taking
+//! its agents from the registry. One agent is killed, frozen or cut off mid-run.
+//!
+//! Needs the Docker engine (scripts/setup.sh --docker starts it) and the built binaries (the
+//! images are made from them by deploy/container/build.sh). The scenarios run one at a time:
+//! the machine has 2 cores and each cluster is 5 containers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lockstep_tests::docker::Cluster;
+use lockstep_tests::{read_json, wait_for};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn plan(dir: &Path, duration: &str) -> PathBuf {
+    let p = dir.join("plan.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+name = "containers"
+duration = "{duration}"
+interval = "1s"
+
+[[role]]
+name = "workers"
+select = {{ labels = {{ role = "worker" }} }}
+[role.workload.fio]
+rw = "randrw"
+rwmixread = 70
+bs = "4k"
+iodepth = 2
+size = "8m"
+rate_iops = 300
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Waits until every agent of the cluster is running the plan (their metrics say so).
+fn wait_running(c: &Cluster) {
+    let all = wait_for(Duration::from_secs(30), || {
+        c.agents.iter().all(|a| c.run_state(&a.name) == Some(2))
+    });
+    assert!(all, "the agents did not all start running");
+}
+
+fn agent<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    r["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no agent {name} in {r}"))
+}
+
+fn finish(run: &mut lockstep_tests::Proc, out: &Path, limit: Duration) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = run.0.try_wait().unwrap() {
+            let log = std::fs::read_to_string(out.with_extension("log")).unwrap_or_default();
+            assert!(status.success(), "lockstep run: {status}\n{log}");
+            return read_json(&out.join("results.json"));
+        }
+        assert!(
+            t.elapsed() < limit,
+            "lockstep run did not finish in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_plan_across_four_agent_containers_completes_with_per_node_results() {
+    let _one = serial();
+    let t0 = Instant::now();
+    let c = Cluster::start(4, &[]);
+    let setup = t0.elapsed();
+    let out = c.scratch.path().join("run");
+    let mut run = c.spawn_run(&plan(c.scratch.path(), "5s"), &out);
+    let r = finish(&mut run, &out, Duration::from_secs(60));
+    assert_eq!(r["status"], "completed", "{}", r["status_reason"]);
+    let nodes = r["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 4, "{r}");
+    for a in &c.agents {
+        let res = agent(&r, &a.name);
+        assert_eq!(res["state"]["state"], "finished", "{res}");
+        assert_eq!(
+            res["address"],
+            format!("{}:7070", a.ip),
+            "the coordinator dialed the advertised container address"
+        );
+        let v = r["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["node"] == a.name.as_str())
+            .unwrap();
+        assert!(v["summary"]["total"]["ios"].as_u64().unwrap() > 500, "{v}");
+    }
+    eprintln!(
+        "all agents: cluster up in {:.1} s, whole scenario {:.1} s",
+        setup.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn an_agent_container_killed_mid_run_is_reported_lost_and_the_others_finish() {
+    let _one = serial();
+    let t0 = Instant::now();
+    let c = Cluster::start(4, &[]);
+    let out = c.scratch.path().join("run");
+    let mut run = c.spawn_run(&plan(c.scratch.path(), "10s"), &out);
+    wait_running(&c);
+    std::thread::sleep(Duration::from_secs(2));
+    c.kill("agent-2");
+    let r = finish(&mut run, &out, Duration::from_secs(60));
+    assert_eq!(r["status"], "partial");
+    let lost = agent(&r, "agent-2");
+    assert_eq!(lost["state"]["state"], "lost", "{lost}");
+    let at = lost["state"]["at_ms"].as_u64().unwrap();
+    assert!((1_000..10_000).contains(&at), "lost at {at} ms");
+    for n in ["agent-1", "agent-3", "agent-4"] {
+        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+    }
+    // And etcd forgets it within its TTL (5 s).
+    assert!(wait_for(Duration::from_secs(8), || !c
+        .registered()
+        .contains(&"agent-2".to_string())));
+    eprintln!(
+        "kill: lost at {at} ms into the run; scenario {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_paused_agent_container_is_reported_and_stops_its_own_io_after_the_grace_period_once_thawed() {
+    let _one = serial();
+    let t0 = Instant::now();
+    let c = Cluster::start(4, &["--grace", "2s"]);
+    let out = c.scratch.path().join("run");
+    let mut run = c.spawn_run(&plan(c.scratch.path(), "12s"), &out);
+    wait_running(&c);
+    std::thread::sleep(Duration::from_secs(2));
+    c.pause("agent-3");
+    let paused_at = Instant::now();
+    // Frozen longer than the coordinator's keepalive (1 s pings, 3 s timeout) tolerates.
+    std::thread::sleep(Duration::from_secs(6));
+    c.unpause("agent-3");
+    let r = finish(&mut run, &out, Duration::from_secs(60));
+    let log = std::fs::read_to_string(out.with_extension("log")).unwrap();
+    let frozen = agent(&r, "agent-3");
+    let state = frozen["state"]["state"].as_str().unwrap();
+    // The coordinator reports it (stalled, then lost; or stalled and recovered), never silently.
+    assert!(
+        state == "lost" || (state == "finished" && log.contains("agent agent-3 stalled")),
+        "agent-3 ended {state}:\n{log}"
+    );
+    for n in ["agent-1", "agent-2", "agent-4"] {
+        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+    }
+    if state == "lost" {
+        assert_eq!(r["status"], "partial");
+        // Thawed, it finds nobody listening and stops its IO after --grace 2s: idle again,
+        // its files gone, back in the registry.
+        let idle = wait_for(Duration::from_secs(15), || {
+            c.run_state("agent-3") == Some(0)
+        });
+        assert!(
+            idle,
+            "the thawed agent kept running without a coordinator:\n{}",
+            c.logs("agent-3")
+        );
+        assert!(wait_for(Duration::from_secs(5), || c
+            .volume_files("agent-3")
+            .is_empty()));
+        assert!(wait_for(Duration::from_secs(10), || c
+            .registered()
+            .contains(&"agent-3".to_string())));
+    }
+    eprintln!(
+        "pause: agent-3 {state} (at {} ms; stalled reported: {}), frozen 6 s; scenario {:.1} s (pause->end {:.1} s)",
+        frozen["state"]["at_ms"],
+        log.contains("agent agent-3 stalled"),
+        t0.elapsed().as_secs_f64(),
+        paused_at.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn an_agent_cut_off_from_the_network_stops_its_own_io_after_the_grace_period() {
+    let _one = serial();
+    let t0 = Instant::now();
+    let c = Cluster::start(4, &["--grace", "2s"]);
+    let out = c.scratch.path().join("run");
+    // Long enough that the cut-off agent would still be running at the end without the rule.
+    let mut run = c.spawn_run(&plan(c.scratch.path(), "14s"), &out);
+    wait_running(&c);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.run_state_inside("agent-4"), Some(2));
+    assert!(
+        !c.volume_files("agent-4").is_empty(),
+        "the running agent has no work file"
+    );
+    c.disconnect("agent-4");
+    let cut = Instant::now();
+    // Seen from inside the container: the run state goes back to idle and the work files go,
+    // while the rest of the cluster is still running (keepalive ~4 s + grace 2 s < 14 s).
+    let stopped = wait_for(Duration::from_secs(12), || {
+        c.run_state_inside("agent-4") == Some(0)
+    });
+    let stopped_after = cut.elapsed();
+    assert!(
+        stopped,
+        "the cut-off agent kept running:\n{}",
+        c.logs("agent-4")
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || c
+            .volume_files("agent-4")
+            .is_empty()),
+        "{:?}",
+        c.volume_files("agent-4")
+    );
+    let logs = c.logs("agent-4");
+    assert!(logs.contains("stopping IO"), "{logs}");
+    assert!(
+        run.0.try_wait().unwrap().is_none(),
+        "the run should still be going on the other agents"
+    );
+    let r = finish(&mut run, &out, Duration::from_secs(60));
+    assert_eq!(r["status"], "partial");
+    assert_eq!(agent(&r, "agent-4")["state"]["state"], "lost");
+    for n in ["agent-1", "agent-2", "agent-3"] {
+        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+    }
+    // Cut off from etcd too: its lease ran out.
+    assert!(!c.registered().contains(&"agent-4".to_string()));
+    eprintln!(
+        "disconnect: agent-4 stopped its IO {:.1} s after the cut (grace 2 s); scenario {:.1} s",
+        stopped_after.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}
