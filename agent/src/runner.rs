@@ -50,6 +50,9 @@ pub trait IntervalSink: Send + Sync {
 pub struct CloneFaults {
     pub gate: Option<Box<dyn IoGate>>,
     pub fault: Option<Box<dyn IoFault>>,
+    /// Called first on the clone's thread, before its engine starts any thread of its own
+    /// (the kernel throttle moves the thread into its cgroup here). An error ends the clone.
+    pub enter: Option<Box<dyn FnOnce() -> Result<(), String> + Send>>,
 }
 
 /// Builds the faults of (job index, clone); `None` for no faults.
@@ -447,7 +450,11 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let null = job.engine == EngineKind::Null;
     let writes = job.pattern.writes();
     // Set-up errors must still release the barrier, or the rest of the group waits forever.
+    let mut enter = ctx.faults.enter.take();
     let setup = (|| -> Result<_, String> {
+        if let Some(enter) = enter.take() {
+            enter()?;
+        }
         let mut files: Vec<File> = Vec::new();
         for f in ctx.files {
             let file = layout::open_target(&f.path, job.direct, writes || job.verify.is_some())

@@ -171,6 +171,8 @@ struct PreparedVolume {
     faults: Vec<FaultSpec>,
     configured_depth: u32,
     open_loop: bool,
+    /// The volume's throttle cgroup when it has `kernel_throttle` faults (removed on drop).
+    throttle: Option<Arc<crate::fault::kernel::ThrottleGroup>>,
 }
 
 enum Phase {
@@ -261,6 +263,14 @@ impl AgentService {
                 allow_block_devices: cfg.allow_block_devices,
                 ..RunOptions::default()
             };
+            // Privilege and device checks for the kernel's throttle, before any file is laid out.
+            let throttle = if faults.iter().any(|f| matches!(f.kind, crate::fault::FaultKind::KernelThrottle(_))) {
+                let g = crate::fault::kernel::ThrottleGroup::create(&work.volume, &vol.path)
+                    .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+                Some(Arc::new(g))
+            } else {
+                None
+            };
             let run = runner::prepare(&jobs, &opts).map_err(|e| format!("volume '{}': {e}", work.volume))?;
             let open_loop = jobs.iter().any(|j| j.rate.is_limited());
             let configured_depth = if open_loop {
@@ -268,7 +278,7 @@ impl AgentService {
             } else {
                 jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
             };
-            out.push(PreparedVolume { name: work.volume.clone(), run, faults, configured_depth, open_loop });
+            out.push(PreparedVolume { name: work.volume.clone(), run, faults, configured_depth, open_loop, throttle });
         }
         Ok(out)
     }
@@ -522,6 +532,11 @@ fn run(
                     // One gate per volume, shared by its clones: numjobs=4 on an emulated
                     // 3,000-IOPS volume still gets 3,000 IOPS in all, not 12,000.
                     let gate = crate::fault::build_gate(&faults, fault_seed).map(crate::fault::SharedGate::new);
+                    let throttle = v.throttle.clone();
+                    let limits_done = Arc::new(AtomicBool::new(false));
+                    if let Some(t) = &throttle {
+                        schedule_throttle(t.clone(), &faults, start_at, stop.clone(), limits_done.clone());
+                    }
                     let opts = RunOptions {
                         stop,
                         keep_files,
@@ -535,12 +550,17 @@ fn run(
                                 CloneFaults {
                                     gate: gate.clone().map(|g| Box::new(g) as Box<dyn crate::fault::IoGate>),
                                     fault: crate::fault::build_fault(&faults, seed),
+                                    enter: throttle.clone().map(|t| {
+                                        Box::new(move || t.enter_current_thread().map_err(|e| e.to_string()))
+                                            as Box<dyn FnOnce() -> Result<(), String> + Send>
+                                    }),
                                 }
                             }))
                         },
                         ..RunOptions::default()
                     };
                     let report = v.run.execute(&opts);
+                    limits_done.store(true, Ordering::Relaxed);
                     let error = report
                         .jobs
                         .iter()
@@ -581,6 +601,49 @@ fn run(
     hub.finish();
     *shared.phase.lock().unwrap() = Phase::Idle;
     shared.metrics.set_state(0);
+}
+
+/// Writes a volume's `kernel_throttle` limits at each window edge (the lowest limit per field
+/// among the open windows), until the volume's jobs are done or the run is stopped; the
+/// cgroup removes its limits when it is dropped.
+fn schedule_throttle(
+    group: Arc<crate::fault::kernel::ThrottleGroup>,
+    faults: &[FaultSpec],
+    start_at: SystemTime,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+) {
+    let specs: Vec<(u64, Option<u64>, crate::fault::KernelThrottleSpec)> = faults
+        .iter()
+        .filter_map(|f| match &f.kind {
+            crate::fault::FaultKind::KernelThrottle(k) => Some((f.at_ms, f.duration_ms.map(|d| f.at_ms + d), k.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut edges: Vec<u64> = specs.iter().flat_map(|(at, end, _)| std::iter::once(*at).chain(*end)).collect();
+    edges.sort_unstable();
+    edges.dedup();
+    let spawned = std::thread::Builder::new().name("kernel-throttle".into()).spawn(move || {
+        for t_ms in edges {
+            let at = start_at + Duration::from_millis(t_ms);
+            loop {
+                if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                match at.duration_since(SystemTime::now()) {
+                    Ok(left) if !left.is_zero() => std::thread::sleep(left.min(Duration::from_millis(20))),
+                    _ => break,
+                }
+            }
+            let limits = crate::fault::kernel::active_limits(&specs, t_ms);
+            if let Err(e) = group.set(limits.as_ref()) {
+                tracing::error!("{e}");
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!("kernel_throttle: cannot start its scheduler thread: {e}");
+    }
 }
 
 /// The volume's verification findings merged over its jobs (`VerifyReport` as JSON), or

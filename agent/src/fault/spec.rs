@@ -41,6 +41,7 @@ pub enum FaultKind {
     Eio(EioSpec),
     Stall(StallSpec),
     DropWrites(DropWritesSpec),
+    KernelThrottle(KernelThrottleSpec),
 }
 
 /// IOs per second, like cgroup v2 `io.max` `riops`/`wiops` (every IO counts 1 whatever its size),
@@ -184,6 +185,22 @@ pub struct DropWritesSpec {
     pub fraction: f64,
 }
 
+/// The kernel's own throttle on the volume's block device (cgroup v2 `io.max`, or cgroup v1
+/// `blkio.throttle.*_device`), applied to the agent's IO threads: needs root and a cgroup io
+/// controller, refused before the run otherwise (see `kernel`). Limits as the kernel takes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelThrottleSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wiops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wbps: Option<u64>,
+}
+
 /// A half-open interval `[start_ns, end_ns)` of ns since the origin; `end_ns == u64::MAX` is
 /// "until the end of the run".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,6 +234,7 @@ impl FaultKind {
             FaultKind::Latency(_) => "latency",
             FaultKind::Eio(_) => "eio",
             FaultKind::Stall(_) => "stall",
+            FaultKind::KernelThrottle(_) => "kernel_throttle",
             FaultKind::DropWrites(_) => "drop_writes",
         }
     }
@@ -346,6 +364,17 @@ impl FaultSpec {
             FaultKind::Stall(_) => {}
             FaultKind::DropWrites(d) => {
                 check_fraction(d.fraction).map_err(|p| err("fraction", p))?
+            }
+            FaultKind::KernelThrottle(k) => {
+                let fields = [("riops", k.riops), ("wiops", k.wiops), ("rbps", k.rbps), ("wbps", k.wbps)];
+                if fields.iter().all(|(_, v)| v.is_none()) {
+                    return Err(err("riops/wiops/rbps/wbps", "at least one must be set".into()));
+                }
+                for (field, v) in fields {
+                    if v == Some(0) {
+                        return Err(err(field, "must be > 0 (use a stall to stop IO)".into()));
+                    }
+                }
             }
         }
         Ok(())
@@ -568,6 +597,14 @@ impl fmt::Display for FaultSpec {
             FaultKind::Eio(e) => write!(f, "eio on {}%{}", e.fraction * 100.0, dir(e.direction))?,
             FaultKind::Stall(_) => write!(f, "stall")?,
             FaultKind::DropWrites(d) => write!(f, "drop_writes on {}%", d.fraction * 100.0)?,
+            FaultKind::KernelThrottle(k) => {
+                write!(f, "kernel_throttle")?;
+                for (n, v) in [("riops", k.riops), ("wiops", k.wiops), ("rbps", k.rbps), ("wbps", k.wbps)] {
+                    if let Some(v) = v {
+                        write!(f, " {n}={v}")?;
+                    }
+                }
+            }
         }
         let secs = |ms: u64| ms as f64 / 1000.0;
         match self.duration_ms {
