@@ -16,6 +16,7 @@
 //! - `hlog`: the raw interval histograms in HdrHistogram's log format;
 //! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
 //! - `registry`: live agents from etcd (`lockstep agents`, `lockstep run --etcd`);
+//! - `leader`: coordinators as a service: etcd election, run state in etcd, takeover;
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
 //! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
@@ -27,6 +28,7 @@ pub mod client;
 pub mod clock;
 pub mod drill;
 pub mod hlog;
+pub mod leader;
 pub mod live;
 pub mod local;
 pub mod merge;

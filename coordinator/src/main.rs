@@ -51,6 +51,48 @@ enum Command {
         #[command(flatten)]
         tls: TlsArgs,
     },
+    /// A coordinator service: campaign for leadership in etcd; as leader, run submitted plans
+    /// and take over the runs of a leader that died.
+    Coordinator {
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
+        etcd: String,
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+        /// This coordinator's name (default: the hostname).
+        #[arg(long)]
+        name: Option<String>,
+        /// Results go to DIR/<run id>/ (shared storage lets a standby write there too).
+        #[arg(long, default_value = "lockstep-runs")]
+        runs_dir: PathBuf,
+        /// Election lease TTL: how long a dead leader keeps the lead.
+        #[arg(long, default_value = "3s", value_parser = parse_secs)]
+        leader_ttl: std::time::Duration,
+        /// Token the agents require (or LOCKSTEP_TOKEN).
+        #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
+    },
+    /// Queue a plan for the leading coordinator (`lockstep coordinator`); prints the run id.
+    Submit {
+        plan: PathBuf,
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
+        etcd: String,
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+        /// Wait for the run to end; exit 0 completed, 1 partial or aborted, 2 failed.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// The leading coordinator and the runs recorded in etcd.
+    Runs {
+        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
+        etcd: String,
+        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a test CA and mutual-TLS certificates for agents (by name) and coordinators.
     Certs {
         /// Directory for ca.pem, ca.key, NAME.pem, NAME.key (created; nothing is overwritten).
@@ -104,6 +146,11 @@ impl TlsArgs {
     }
 }
 
+fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    let secs = s.strip_suffix('s').unwrap_or(s);
+    secs.parse::<f64>().ok().filter(|x| *x >= 1.0).map(std::time::Duration::from_secs_f64).ok_or_else(|| format!("expected seconds (at least 1), e.g. 3s, got '{s}'"))
+}
+
 fn parse_agent(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((n, a)) if !n.is_empty() && !a.is_empty() => Ok((n.into(), a.into())),
@@ -151,6 +198,22 @@ fn main() -> ExitCode {
         Command::Report { dir, json } => cli::report_command(&dir, json),
         Command::Agents { etcd, etcd_prefix, json } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
         Command::Certs { out, agents, coordinators } => lockstep::certs::certs_command(&out, &agents, &coordinators),
+        Command::Coordinator { etcd, etcd_prefix, name, runs_dir, leader_ttl, token, tls } => tls.apply().and_then(|()| {
+            lockstep::leader::coordinator_command(lockstep::leader::CoordinatorOptions {
+                endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
+                prefix: etcd_prefix,
+                name: name.unwrap_or_else(lockstep_agent::daemon::hostname),
+                runs_dir,
+                leader_ttl,
+                token,
+            })
+        }),
+        Command::Submit { plan, etcd, etcd_prefix, wait } => {
+            lockstep::leader::submit_command(&lockstep_agent::registry::parse_endpoints(&etcd), &etcd_prefix, &plan, wait)
+        }
+        Command::Runs { etcd, etcd_prefix, json } => {
+            lockstep::leader::runs_command(&lockstep_agent::registry::parse_endpoints(&etcd), &etcd_prefix, json)
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("lockstep: error: {e:#}");
