@@ -97,7 +97,7 @@ fn main() {
                 let mut vi = variants[k % variants.len()].clone();
                 k += 1;
                 vi.volume = format!("vol{v}");
-                merger.ingest(name, i, 1000, &vi).expect("merge");
+                merger.ingest(name, i, 1000, &vi, true).expect("merge");
             }
         }
         per_interval.push(t.elapsed().as_secs_f64());

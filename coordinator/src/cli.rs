@@ -178,6 +178,66 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
     }
 }
 
+/// The finder's options for this run: emulated EBS volumes drain their credits `time_scale`
+/// times faster, and forecasts must know it.
+pub fn analysis_options(a: &Assignment) -> AnalysisOptions {
+    let mut opts = AnalysisOptions::default();
+    for (ag, v) in a.volumes() {
+        for f in v.faults.iter().filter(|f| f.kind == "ebs") {
+            if let Some(ts) = f.spec.get("time_scale").and_then(|x| x.as_f64()) {
+                opts.time_scales.push(chokepoint::VolumeTimeScale {
+                    node: ag.agent.clone(),
+                    volume: v.volume.name.clone(),
+                    time_scale: ts,
+                });
+            }
+        }
+    }
+    opts
+}
+
+/// What the credit forecast said before a credit cliff, against when the cliff came.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ForecastCheck {
+    pub node: String,
+    pub volume: String,
+    /// The forecast used the data up to here (half-way to the onset, as a live view would).
+    pub made_at_ms: u64,
+    pub predicted_ms: u64,
+    pub actual_onset_ms: u64,
+    /// (predicted - actual) / actual onset, percent.
+    pub error_pct: f64,
+}
+
+/// For a credit-exhaustion chokepoint: the forecast the finder makes from the timeline cut
+/// half-way to the onset (what the live view showed then), compared with the actual onset.
+pub fn forecast_before_cliff(
+    t: &crate::timeline::Timeline,
+    opts: &AnalysisOptions,
+    final_report: &chokepoint::ChokepointReport,
+) -> Option<ForecastCheck> {
+    let Verdict::Volume(v) = &final_report.verdict else { return None };
+    if v.kind != chokepoint::ChokepointKind::CreditExhaustion || v.onset_ms == 0 {
+        return None;
+    }
+    let cut = v.onset_ms / 2;
+    let mut early = t.clone();
+    for s in &mut early.volumes {
+        s.points.retain(|p| p.t_ms <= cut);
+    }
+    let r = chokepoint::analyze(&early, opts);
+    let f = r.forecasts.iter().find(|f| f.node == v.node && f.volume == v.volume)?;
+    let predicted = f.runs_out_at_ms?;
+    Some(ForecastCheck {
+        node: v.node.clone(),
+        volume: v.volume.clone(),
+        made_at_ms: cut,
+        predicted_ms: predicted,
+        actual_onset_ms: v.onset_ms,
+        error_pct: (predicted as f64 - v.onset_ms as f64) / v.onset_ms as f64 * 100.0,
+    })
+}
+
 /// Evaluates the plan's objectives on the results (latency from merged histograms).
 pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
     use crate::plan::{Metric, Scope};
@@ -199,10 +259,15 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
         })
     };
     // Lowest per-interval throughput of a set of volumes (summed per interval).
+    // Only intervals of measured phases count (the timeline also shows the warm-up).
+    let measured = |t_ms: u64| {
+        let mid = std::time::Duration::from_millis(t_ms.saturating_sub(r.interval_ms / 2));
+        a.phases.iter().any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
+    };
     let min_rate = |vols: &[&crate::timeline::VolumeSeries], bytes: bool, dir: Option<lockstep_agent::job::Direction>| -> Option<f64> {
         let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
         for v in vols {
-            for p in &v.points {
+            for p in v.points.iter().filter(|p| measured(p.t_ms)) {
                 let secs = p.len_ms.max(1) as f64 / 1000.0;
                 let pick = |a: [u64; 2]| match dir {
                     Some(d) => a[d as usize],
@@ -332,6 +397,7 @@ async fn run_resolved(
     let file = std::fs::File::create(&hlog_path).with_context(|| format!("creating {}", hlog_path.display()))?;
     let mut hlog = Some(HlogWriter::new(std::io::BufWriter::new(file), crate::client::unix_ns() / 1_000_000)?);
     let mut live = LiveView::new(assignment.run_length(), args.json);
+    live.analysis = analysis_options(&assignment);
     if let Some(addr) = &args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?;
         let m = std::sync::Arc::new(crate::metrics::CoordinatorMetrics::default());
@@ -349,12 +415,24 @@ async fn run_resolved(
     let mut results = output.results;
     results.objectives = evaluate_objectives(&assignment, &results);
     crate::drill::collect_finals(&mut results, &output.finals);
-    let analysis = chokepoint::analyze(&results.timeline, &AnalysisOptions::default());
+    let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
     let text = chokepoint::render_text(&analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
     let mut value = serde_json::to_value(&analysis)?;
+    let before = forecast_before_cliff(&results.timeline, &analysis_options(&assignment), &analysis);
+    let mut text = text;
+    if let Some(b) = &before {
+        text.push_str(&format!(
+            "forecast made before the cliff, at t={:.0}s: credits run out at t={:.0}s; they did at t={:.0}s ({:+.1}%)\n",
+            b.made_at_ms as f64 / 1000.0,
+            b.predicted_ms as f64 / 1000.0,
+            b.actual_onset_ms as f64 / 1000.0,
+            b.error_pct
+        ));
+    }
     if let Some(o) = value.as_object_mut() {
         o.insert("text".into(), serde_json::Value::String(text));
+        o.insert("forecast_before_cliff".into(), serde_json::to_value(&before)?);
     }
     results.chokepoint = Some(value);
     if !results.faults.is_empty() {

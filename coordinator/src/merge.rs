@@ -197,14 +197,17 @@ impl Merger {
         Merger { interval_ms, index, volumes: accs, cluster: BTreeMap::new(), newest: None, closed_below: 0 }
     }
 
-    /// Takes one volume's interval `index` from `agent`. `t_ms` is the nominal end of the
-    /// interval since the synchronized start.
+    /// Takes one volume's interval `index` from `agent` (it ends at (index + 1) x interval
+    /// since the synchronized start). An interval outside the measured phases (a warm-up) only
+    /// goes on the timeline: the volume was loaded then, and credit forecasts must see it, but
+    /// it does not count in results.
     pub fn ingest(
         &mut self,
         agent: &str,
         index: u64,
         len_ms: u64,
         vi: &VolumeInterval,
+        measured: bool,
     ) -> Result<VolumePoint, MergeError> {
         let err = |source| MergeError::Histogram {
             agent: agent.into(),
@@ -238,6 +241,9 @@ impl Merger {
         let acc = &mut self.volumes[vix];
         acc.series.configured_depth = vi.configured_depth;
         acc.series.points.push(point);
+        if !measured {
+            return Ok(point);
+        }
         acc.total[0].add(&dirs[0]).map_err(err)?;
         acc.total[1].add(&dirs[1]).map_err(err)?;
         acc.outstanding_sum += vi.outstanding;
@@ -408,8 +414,8 @@ mod tests {
         let mut m = Merger::new(1000, &[info("a"), info("b")]);
         // a: 99 fast IOs; b: 1 slow IO. Averaging the two volumes' p99s would give ~50 ms.
         let fast: Vec<u64> = vec![100_000; 99];
-        m.ingest("a", 0, 1000, &vi("data", &fast)).unwrap();
-        m.ingest("b", 0, 1000, &vi("data", &[100_000_000])).unwrap();
+        m.ingest("a", 0, 1000, &vi("data", &fast), true).unwrap();
+        m.ingest("b", 0, 1000, &vi("data", &[100_000_000]), true).unwrap();
         let f = m.finish(1.0).unwrap();
         let mut all = fast.clone();
         all.push(100_000_000);
@@ -425,17 +431,21 @@ mod tests {
     #[test]
     fn unknown_volumes_are_refused_by_name() {
         let mut m = Merger::new(1000, &[info("a")]);
-        let e = m.ingest("a", 3, 1000, &vi("logs", &[1])).unwrap_err().to_string();
+        let e = m.ingest("a", 3, 1000, &vi("logs", &[1]), true).unwrap_err().to_string();
         assert!(e.contains("'logs'") && e.contains("'a'"), "{e}");
     }
 
     #[test]
     fn lost_volumes_keep_their_data_and_the_time() {
         let mut m = Merger::new(1000, &[info("a")]);
-        m.ingest("a", 0, 1000, &vi("data", &[1000, 2000])).unwrap();
+        m.ingest("a", 0, 1000, &vi("data", &[1000, 2000]), true).unwrap();
+        // A warm-up interval is on the timeline but not in the results.
+        m.ingest("a", 1, 1000, &vi("data", &[5000]), false).unwrap();
         m.mark_lost("a", 1500);
         let f = m.finish(10.0).unwrap();
         assert_eq!(f.volumes[0].lost_at_ms, Some(1500));
+        assert_eq!(f.volumes[0].summary.read.ios, 2);
+        assert_eq!(m.timeline().volumes[0].points.len(), 2);
         assert!((f.volumes[0].summary.read.iops - 2.0 / 1.5).abs() < 1e-9);
     }
 }

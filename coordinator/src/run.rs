@@ -309,17 +309,18 @@ pub async fn execute(
                                         Some(agents[i].start_lateness_ns.map_or(late, |l: i64| l.max(late)));
                                 }
                                 run_event::Event::Interval(iv) => {
-                                    if measured(iv.index) {
-                                        let index = iv.index;
-                                        let len_ms = iv.len_ns / 1_000_000;
-                                        for v in &iv.volumes {
+                                    let index = iv.index;
+                                    let counted = measured(index);
+                                    let len_ms = iv.len_ns / 1_000_000;
+                                    for v in &iv.volumes {
+                                        if counted {
                                             if let Some(h) = hlog.as_mut() {
                                                 write_hlog(h, &agents[i].conn.name, index, interval_ms, v)
                                                     .map_err(|source| RunError::Io { what: "intervals.hlog".into(), source })?;
                                             }
-                                            if let Err(e) = merger.ingest(&agents[i].conn.name, index, len_ms, v) {
-                                                agents[i].errors.push(e.to_string());
-                                            }
+                                        }
+                                        if let Err(e) = merger.ingest(&agents[i].conn.name, index, len_ms, v, counted) {
+                                            agents[i].errors.push(e.to_string());
                                         }
                                     }
                                 }
