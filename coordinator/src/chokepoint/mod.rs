@@ -1244,6 +1244,15 @@ impl Ctx<'_> {
             });
         }
 
+        // With a known credit model, a cliff to exactly the baseline at the moment the model
+        // predicts from the demand before it is credit exhaustion even when the history before
+        // it is too short to call "fine" on its own (a bucket drained in a few intervals).
+        let kind = match &ev.credit {
+            Some(c) if kind == ChokepointKind::Throttled && c.onset_matches_forecast && c.at_baseline => {
+                ChokepointKind::CreditExhaustion
+            }
+            _ => kind,
+        };
         let impact = impact(
             cluster / k,
             ev.iops,
