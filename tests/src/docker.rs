@@ -137,6 +137,10 @@ pub struct AgentContainer {
 /// them at their container addresses, as it would real hosts.
 pub struct Cluster {
     pub network: String,
+    /// The network's first three octets ("172.30.x").
+    pub subnet: String,
+    label: String,
+    prefix: String,
     pub etcd_url: String,
     pub agents: Vec<AgentContainer>,
     containers: Vec<String>,
@@ -180,6 +184,9 @@ impl Cluster {
         let net = subnet.expect("no free 172.30.x.0/24 for a test network");
         let mut cluster = Cluster {
             network: format!("{prefix}-net"),
+            subnet: net.clone(),
+            label: label.clone(),
+            prefix: prefix.clone(),
             etcd_url: format!("http://{net}.2:2379"),
             agents: Vec::new(),
             containers: Vec::new(),
@@ -273,6 +280,43 @@ impl Cluster {
             cluster.all_logs()
         );
         cluster
+    }
+
+    /// Starts `lockstep coordinator` in a container of the image (at .3, .4, ... by `index`),
+    /// with `runs` mounted at /runs as storage shared by every coordinator; returns the
+    /// container's name.
+    pub fn start_coordinator(&mut self, name: &str, index: u8, runs: &Path) -> String {
+        let container = format!("{}-{name}", self.prefix);
+        let ip = format!("{}.{}", self.subnet, 2 + index);
+        let mount = format!("{}:/runs", runs.display());
+        docker(&[
+            "run",
+            "-d",
+            "--name",
+            &container,
+            "--label",
+            &self.label,
+            "--network",
+            &self.network,
+            "--ip",
+            &ip,
+            "-v",
+            &mount,
+            "--entrypoint",
+            "/usr/local/bin/lockstep",
+            AGENT_IMAGE,
+            "coordinator",
+            "--etcd",
+            &self.etcd_url,
+            "--name",
+            name,
+            "--runs-dir",
+            "/runs",
+            "--leader-ttl",
+            "2s",
+        ]);
+        self.containers.push(container.clone());
+        container
     }
 
     pub fn agent(&self, name: &str) -> &AgentContainer {

@@ -252,3 +252,78 @@ fn an_agent_cut_off_from_the_network_stops_its_own_io_after_the_grace_period() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_the_run_and_says_so()
+{
+    use lockstep::leader::RunStatus;
+    let _one = serial();
+    let t0 = Instant::now();
+    let mut c = Cluster::start(4, &[]);
+    let runs = c.scratch.path().join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    let eps = vec![c.etcd_url.clone()];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let leader = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(lockstep::leader::current_leader(&eps, "/lockstep"))
+            .ok()
+            .flatten()
+            .map(|l| l.name)
+    };
+    let c1 = c.start_coordinator("c1", 1, &runs);
+    assert!(
+        wait_for(Duration::from_secs(15), || leader(&rt).as_deref()
+            == Some("c1")),
+        "c1 did not lead"
+    );
+    c.start_coordinator("c2", 2, &runs);
+    std::thread::sleep(Duration::from_millis(500));
+    let o = std::process::Command::new(lockstep_tests::bin("lockstep"))
+        .arg("submit")
+        .arg(plan(c.scratch.path(), "30s"))
+        .args(["--etcd", &c.etcd_url])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let state = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(lockstep::leader::run_state(&eps, "/lockstep", &id))
+            .unwrap()
+            .unwrap()
+    };
+    wait_running(&c);
+    assert_eq!(state(&rt).leader, "c1");
+    std::thread::sleep(Duration::from_secs(2));
+    lockstep_tests::docker::docker(&["kill", &c1]);
+    let killed = Instant::now();
+    let taken = wait_for(Duration::from_secs(15), || {
+        let s = state(&rt);
+        s.leader == "c2" && s.status == RunStatus::Aborted
+    });
+    let takeover = killed.elapsed();
+    assert!(taken, "the standby did not take over: {:?}", state(&rt));
+    let idle = wait_for(Duration::from_secs(5), || {
+        c.agents.iter().all(|a| c.run_state(&a.name) == Some(0))
+    });
+    assert!(idle, "agents still running the orphaned run");
+    let r = read_json(&runs.join(&id).join("results.json"));
+    assert_eq!(r["status"], "aborted");
+    assert!(
+        r["status_reason"]
+            .as_str()
+            .unwrap()
+            .contains("standby c2 took over"),
+        "{}",
+        r["status_reason"]
+    );
+    assert_eq!(r["agents"].as_array().unwrap().len(), 4);
+    eprintln!(
+        "leader loss: c1 killed -> c2 took the run over in {:.1} s (TTL 2 s), agents idle {:.1} s after the kill; scenario {:.1} s",
+        takeover.as_secs_f64(),
+        killed.elapsed().as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}

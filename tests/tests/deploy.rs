@@ -88,6 +88,10 @@ fn systemd_units_pass_systemd_analyze_verify() {
     let units = [
         ("lockstep-agent.service", "lockstep-agent.service"),
         ("lockstep-run@.service", "lockstep-run@nightly.service"),
+        (
+            "lockstep-coordinator.service",
+            "lockstep-coordinator.service",
+        ),
     ];
     let mut paths = Vec::new();
     for (src, dst) in units {
