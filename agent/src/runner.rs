@@ -551,6 +551,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let mut inflight = 0usize;
     // IOs taken from the generator and counted in flight, waiting for their gate's instant.
     let mut gated: std::collections::VecDeque<(Instant, IoOp)> = std::collections::VecDeque::new();
+    // Completions held back by a fault (added latency, stall) until their due instant. The
+    // loop never sleeps for them: IOs keep being issued on schedule (open loop) and intervals
+    // keep closing on time while completions are held.
+    let mut held: Vec<(Instant, Completion)> = Vec::new();
     let mut area = 0f64; // integral of inflight over time in the current interval (IO·ns)
     let mut last_now = t0;
     let mut failure: Option<String> = None;
@@ -598,6 +602,17 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             deadline = Some(now.min(deadline.unwrap_or(now)));
         }
 
+        // Deliver the held completions that are due (all of them when stopping).
+        if !held.is_empty() {
+            let mut i = 0;
+            while i < held.len() {
+                if held[i].0 <= now || stopping {
+                    completions.push(held.swap_remove(i).1);
+                } else {
+                    i += 1;
+                }
+            }
+        }
         // Start the gated IOs whose time has come (all of them when stopping).
         queued_now.clear();
         while let Some(&(t, op)) = gated.front() {
@@ -784,6 +799,9 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         if let Some(&(t, _)) = gated.front() {
             wake = wake.min(t);
         }
+        if let Some(t) = held.iter().map(|h| h.0).min() {
+            wake = wake.min(t);
+        }
         let already = completions.len();
         let timeout = wake.saturating_duration_since(Instant::now());
         let need_wait = already == 0;
@@ -803,22 +821,29 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             continue;
         }
         let mut t_done = Instant::now();
+        let stopping_now = stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| t_done >= d);
         for c in completions.drain(..) {
-            let Some(slot) = slots[c.tag as usize].take() else { continue };
+            let Some(slot) = slots[c.tag as usize] else { continue };
+            // Added latency holds a completion until submission + delay; a stall holds every
+            // completion until the stall ends. The IO stays outstanding meanwhile.
+            let mut due = None;
             if let Outcome::DelayBy(ns) = slot.outcome {
-                // Added latency: hold the completion until its due time.
-                let due = slot.submitted + Duration::from_nanos(ns);
-                if due > t_done {
-                    sleep_until_unless_stopped(due, stop);
-                    t_done = Instant::now();
+                let d = slot.submitted + Duration::from_nanos(ns);
+                if d > t_done {
+                    due = Some(d);
                 }
             }
             if let Some(f) = fault.as_ref() {
                 if let Some(until) = f.stalled_until((t_done - gate_origin).as_nanos() as u64) {
-                    sleep_until_unless_stopped(gate_origin + Duration::from_nanos(until), stop);
-                    t_done = Instant::now();
+                    let d = gate_origin + Duration::from_nanos(until);
+                    due = Some(due.map_or(d, |x: Instant| x.max(d)));
                 }
             }
+            if let Some(d) = due.filter(|_| !stopping_now) {
+                held.push((d, c));
+                continue;
+            }
+            slots[c.tag as usize] = None;
             free.push(c.tag);
             area += inflight as f64 * t_done.saturating_duration_since(last_now).as_nanos() as f64;
             last_now = last_now.max(t_done);

@@ -508,11 +508,19 @@ pub fn collect_finals(r: &mut RunResults, finals: &[(String, WireVolumeResult)])
             continue;
         }
         match serde_json::from_str::<VerifyReport>(&v.verify_json) {
-            Ok(report) => r.verify.push(VolumeVerify { node: node.clone(), volume: v.volume.clone(), report }),
-            Err(e) => r.warnings.push(format!("{node}/{}: unreadable verification result: {e}", v.volume)),
+            Ok(report) => r.verify.push(VolumeVerify {
+                node: node.clone(),
+                volume: v.volume.clone(),
+                report,
+            }),
+            Err(e) => r.warnings.push(format!(
+                "{node}/{}: unreadable verification result: {e}",
+                v.volume
+            )),
         }
     }
-    r.stuck_ios.sort_by(|a, b| (a.start_ms, &a.node, &a.volume).cmp(&(b.start_ms, &b.node, &b.volume)));
+    r.stuck_ios
+        .sort_by(|a, b| (a.start_ms, &a.node, &a.volume).cmp(&(b.start_ms, &b.node, &b.volume)));
 }
 
 /// The stuck-IO and verification sections of the text report (empty when there is neither).
@@ -520,7 +528,10 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     if !r.stuck_ios.is_empty() {
-        let _ = writeln!(o, "\nstuck IOs (slower than the stuck_timeout, default 5 s):");
+        let _ = writeln!(
+            o,
+            "\nstuck IOs (slower than the stuck_timeout, default 5 s):"
+        );
         for s in r.stuck_ios.iter().take(20) {
             let _ = writeln!(
                 o,
@@ -532,7 +543,11 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
                 s.offset,
                 s.file,
                 secs(s.start_ms),
-                if s.completed { "took" } else { "STILL IN FLIGHT after" },
+                if s.completed {
+                    "took"
+                } else {
+                    "STILL IN FLIGHT after"
+                },
                 s.latency_ms
             );
         }
@@ -544,7 +559,11 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
         let _ = writeln!(o, "\nverify (crc32c, every acknowledged write re-read):");
         for v in &r.verify {
             let rep = &v.report;
-            let verdict = if rep.bad() == 0 && rep.errors.is_empty() { "ok" } else { "FAILED" };
+            let verdict = if rep.bad() == 0 && rep.errors.is_empty() {
+                "ok"
+            } else {
+                "FAILED"
+            };
             let _ = writeln!(o, "  {}/{}: {verdict}: {}", v.node, v.volume, rep.summary());
             if rep.dropped_writes > 0 {
                 let _ = writeln!(
@@ -555,8 +574,14 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
                 );
             }
             for f in rep.findings.iter().take(10) {
-                let found = f.found.map_or(String::new(), |g| format!(", found generation {g}"));
-                let detail = if f.detail.is_empty() { String::new() } else { format!(" ({})", f.detail) };
+                let found = f
+                    .found
+                    .map_or(String::new(), |g| format!(", found generation {g}"));
+                let detail = if f.detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", f.detail)
+                };
                 let _ = writeln!(
                     o,
                     "      {:?} {}@{} len {}: expected generation {}{found}{detail}",
@@ -564,7 +589,11 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
                 );
             }
             if rep.findings.len() > 10 {
-                let _ = writeln!(o, "      ... {} more in results.json", rep.findings.len() - 10);
+                let _ = writeln!(
+                    o,
+                    "      ... {} more in results.json",
+                    rep.findings.len() - 10
+                );
             }
             for e in &rep.errors {
                 let _ = writeln!(o, "      {e}");
@@ -639,27 +668,26 @@ pub fn render_text(r: &DrillReport) -> String {
                 let Some(w) = w else { continue };
                 let name = if first { t.target.as_str() } else { "" };
                 first = false;
-                let intended =
-                    w.lat_intended
-                        .map_or(format!("{:>8} {:>8} {:>8}", "-", "-", "-"), |l| {
-                            format!(
-                                "{:>8} {:>8} {:>8}",
-                                ms(l.p50_ns),
-                                ms(l.p99_ns),
-                                ms(l.p999_ns)
-                            )
-                        });
+                // "-" where nothing completed (a stall holds every completion).
+                let three = |l: Option<&Percentiles>| match l.filter(|l| l.n > 0) {
+                    Some(l) => format!(
+                        "{:>8} {:>8} {:>8}",
+                        ms(l.p50_ns),
+                        ms(l.p99_ns),
+                        ms(l.p999_ns)
+                    ),
+                    None => format!("{:>8} {:>8} {:>8}", "-", "-", "-"),
+                };
                 let _ = writeln!(
                     o,
-                    "    {:<20} {:<8} {:>11} {:>9.1} {:>6} {:>8} {:>8} {:>8} | {intended}",
+                    "    {:<20} {:<8} {:>11} {:>9.1} {:>6} {} | {}",
                     name,
                     label,
                     format!("{}-{}", secs(w.start_ms), secs(w.end_ms)),
                     w.iops,
                     w.errors,
-                    ms(w.lat.p50_ns),
-                    ms(w.lat.p99_ns),
-                    ms(w.lat.p999_ns),
+                    three(Some(&w.lat)),
+                    three(w.lat_intended.as_ref()),
                 );
             }
             let rec = &t.recovery;

@@ -534,14 +534,15 @@ fn run(
                     let gate = crate::fault::build_gate(&faults, fault_seed).map(crate::fault::SharedGate::new);
                     let throttle = v.throttle.clone();
                     let limits_done = Arc::new(AtomicBool::new(false));
+                    let io_started = Arc::new(std::sync::OnceLock::new());
                     if let Some(t) = &throttle {
-                        schedule_throttle(t.clone(), &faults, start_at, stop.clone(), limits_done.clone());
+                        schedule_throttle(t.clone(), &faults, io_started.clone(), stop.clone(), limits_done.clone());
                     }
                     let opts = RunOptions {
                         stop,
                         keep_files,
                         start_at: Some(start_at),
-                        sink: Some(Arc::new(aggregator)),
+                        sink: Some(Arc::new(StartTap { inner: aggregator, started: io_started })),
                         faults: if faults.is_empty() {
                             None
                         } else {
@@ -603,13 +604,37 @@ fn run(
     shared.metrics.set_state(0);
 }
 
+/// Forwards to the volume's aggregator and notes when its IO actually began: the clones'
+/// intervals and IO-path fault windows count from that instant, so the kernel throttle's
+/// windows must too (an agent that starts late under load would otherwise throttle the wrong
+/// intervals).
+struct StartTap<S: runner::IntervalSink> {
+    inner: S,
+    started: Arc<std::sync::OnceLock<SystemTime>>,
+}
+
+impl<S: runner::IntervalSink> runner::IntervalSink for StartTap<S> {
+    fn on_interval(&self, snapshot: runner::IntervalSnapshot<'_>) {
+        self.inner.on_interval(snapshot)
+    }
+    fn on_group_started(&self, groupid: u32, at: SystemTime) {
+        if groupid == 0 {
+            let _ = self.started.set(at);
+        }
+        self.inner.on_group_started(groupid, at)
+    }
+    fn on_clone_done(&self, job_index: usize, clone: u32) {
+        self.inner.on_clone_done(job_index, clone)
+    }
+}
+
 /// Writes a volume's `kernel_throttle` limits at each window edge (the lowest limit per field
-/// among the open windows), until the volume's jobs are done or the run is stopped; the
-/// cgroup removes its limits when it is dropped.
+/// among the open windows), counted from when the volume's IO began, until its jobs are done
+/// or the run is stopped; the cgroup removes its limits when it is dropped.
 fn schedule_throttle(
     group: Arc<crate::fault::kernel::ThrottleGroup>,
     faults: &[FaultSpec],
-    start_at: SystemTime,
+    io_started: Arc<std::sync::OnceLock<SystemTime>>,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
 ) {
@@ -624,6 +649,15 @@ fn schedule_throttle(
     edges.sort_unstable();
     edges.dedup();
     let spawned = std::thread::Builder::new().name("kernel-throttle".into()).spawn(move || {
+        let start_at = loop {
+            if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match io_started.get() {
+                Some(t) => break *t,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
         for t_ms in edges {
             let at = start_at + Duration::from_millis(t_ms);
             loop {

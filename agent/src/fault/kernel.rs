@@ -100,6 +100,20 @@ fn find_hierarchy(
     v1
 }
 
+/// Whether this host lets the agent use the kernel throttle at all (root and an io
+/// controller), and through which hierarchy; the reason when not (for tests and messages).
+pub fn probe() -> Result<(Hierarchy, PathBuf), KernelError> {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        return Err(KernelError::NotRoot(uid));
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
+    find_hierarchy(&mountinfo, |p| std::fs::read_to_string(p.join("cgroup.controllers")).ok())
+        .ok_or(KernelError::NoController)
+}
+
 /// The device to throttle for `path`: its filesystem's device (or the device itself), the
 /// whole disk when that is a partition.
 pub fn device_of(path: &Path) -> Result<(u32, u32), KernelError> {
@@ -203,18 +217,8 @@ pub struct ThrottleGroup {
 impl ThrottleGroup {
     /// Checks the privilege, finds the controller and the device, and creates the cgroup.
     pub fn create(volume: &str, volume_path: &Path) -> Result<Self, KernelError> {
-        // SAFETY: geteuid has no preconditions.
-        let uid = unsafe { libc::geteuid() };
-        if uid != 0 {
-            return Err(KernelError::NotRoot(uid));
-        }
+        let (hierarchy, mount) = probe()?;
         let device = device_of(volume_path)?;
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
-        let (hierarchy, mount) = find_hierarchy(&mountinfo, |p| {
-            std::fs::read_to_string(p.join("cgroup.controllers")).ok()
-        })
-        .ok_or(KernelError::NoController)?;
         let safe: String = volume
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
