@@ -56,6 +56,11 @@ pub fn use_tls(files: &lockstep_agent::daemon::tls::TlsFiles) -> Result<(), lock
     Ok(())
 }
 
+/// Whether `use_tls` was called: this process dials agents over mutual TLS.
+pub fn tls_enabled() -> bool {
+    TLS.get().is_some()
+}
+
 pub type Client = AgentClient<tonic::service::interceptor::InterceptedService<Channel, Token>>;
 
 pub fn unix_ns() -> i64 {

@@ -25,6 +25,10 @@ pub enum RegistryError {
         "no agent is registered under {prefix} in etcd at {endpoints}: start agents with --etcd {endpoints}"
     )]
     Empty { endpoints: String, prefix: String },
+    #[error(
+        "agents {0} require mutual TLS (so says the registry): give --tls-cert, --tls-key and --tls-ca"
+    )]
+    NeedsTls(String),
 }
 
 /// One live agent as listed in the registry.
@@ -98,6 +102,14 @@ pub async fn agent_infos(
             endpoints: endpoints.join(","),
             prefix: agents_prefix(prefix),
         });
+    }
+    let tls: Vec<&str> = live
+        .iter()
+        .filter(|a| a.registration.tls)
+        .map(|a| a.registration.name.as_str())
+        .collect();
+    if !tls.is_empty() && !crate::client::tls_enabled() {
+        return Err(RegistryError::NeedsTls(tls.join(", ")));
     }
     Ok(live
         .into_iter()

@@ -134,3 +134,43 @@ fn half_a_tls_configuration_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--tls-key missing"), "{err}");
 }
+
+#[test]
+fn agents_found_in_etcd_are_dialed_over_mutual_tls_and_a_coordinator_without_it_is_told_why() {
+    let etcd = lockstep_tests::Etcd::start();
+    let dir = scratch();
+    let pki = dir.path().join("pki");
+    certs(&pki, "e1,e2");
+    let ca = pki.join("ca.pem");
+    let mut agents = Vec::new();
+    for name in ["e1", "e2"] {
+        let vol = dir.path().join(format!("v-{name}"));
+        std::fs::create_dir_all(&vol).unwrap();
+        let mut flags = tls_flags(&pki, name, &ca);
+        flags.extend(["--etcd".to_string(), etcd.url.clone()]);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        agents.push(start_agent(name, &vol, &flags).0);
+    }
+    let listed = lockstep_tests::wait_for(std::time::Duration::from_secs(5), || {
+        let o = Command::new(bin("lockstep"))
+            .args(["agents", "--etcd", &etcd.url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).matches(", mTLS").count() == 2
+    });
+    assert!(listed, "the registry does not show both agents as mTLS");
+    let plan = plan(dir.path(), &[]);
+    let etcd_flags = vec!["--etcd".to_string(), etcd.url.clone()];
+    let o = run(&plan, &dir.path().join("plain"), &etcd_flags);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("e1, e2 require mutual TLS"), "{err}");
+    let mut flags = tls_flags(&pki, "coordinator", &ca);
+    flags.extend(etcd_flags);
+    let o = run(&plan, &dir.path().join("ok"), &flags);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        read_json(&dir.path().join("ok/results.json"))["status"],
+        "completed"
+    );
+}
