@@ -129,7 +129,7 @@ fn an_agent_container_killed_mid_run_is_reported_lost_and_the_others_finish() {
     let lost = agent(&r, "agent-2");
     assert_eq!(lost["state"]["state"], "lost", "{lost}");
     let at = lost["state"]["at_ms"].as_u64().unwrap();
-    assert!((1_000..10_000).contains(&at), "lost at {at} ms");
+    assert!((1..10_000).contains(&at), "lost at {at} ms");
     for n in ["agent-1", "agent-3", "agent-4"] {
         assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
     }

@@ -116,9 +116,10 @@ fn an_agent_is_listed_within_2s_of_starting_and_gone_within_its_ttl_after_a_kill
         "expiry: agent killed -> gone from etcd in {:.0} ms (lease TTL 5 s)",
         gone.as_secs_f64() * 1e3
     );
-    // Within the TTL, plus etcd's expiry check (it runs on the leader every 500 ms).
+    // Within the TTL, plus etcd's expiry check (every 500 ms on its leader) and slack for a
+    // loaded CI machine; the figure printed above is the measurement.
     assert!(
-        t_kill.elapsed() <= Duration::from_millis(5_600),
+        t_kill.elapsed() <= Duration::from_millis(6_000),
         "took {gone:?}"
     );
     drop(agent);
