@@ -80,6 +80,16 @@ impl RunStatus {
     }
 }
 
+/// A phase of the plan, as offsets from the run's start (the synchronized start is a second or
+/// so after `started_unix_ms`, when every agent has prepared).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunPhase {
+    pub name: String,
+    pub start_ms: u64,
+    pub duration_ms: u64,
+    pub measured: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunAgent {
     pub name: String,
@@ -110,6 +120,8 @@ pub struct RunState {
     #[serde(default)]
     pub run_length_ms: u64,
     #[serde(default)]
+    pub phases: Vec<RunPhase>,
+    #[serde(default)]
     pub finished_unix_ms: Option<u64>,
     /// Set when a standby took the run over.
     #[serde(default)]
@@ -120,6 +132,14 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// The phase the run is in `at_ms` after it started (approximately: the start barrier is
+    /// not recorded), or None before the first and after the last.
+    pub fn phase_at(&self, at_ms: u64) -> Option<&RunPhase> {
+        self.phases
+            .iter()
+            .find(|p| at_ms >= p.start_ms && at_ms < p.start_ms + p.duration_ms)
+    }
+
     fn note(&mut self, who: &str, what: &str) {
         self.history.push(format!("{} {who}: {what}", now_ms()));
     }
@@ -277,6 +297,7 @@ pub async fn submit(endpoints: &[String], prefix: &str, plan: &Path) -> anyhow::
         submitted_unix_ms: now_ms(),
         started_unix_ms: None,
         run_length_ms: 0,
+        phases: Vec::new(),
         finished_unix_ms: None,
         taken_over_unix_ms: None,
         history: Vec::new(),
@@ -477,6 +498,16 @@ async fn execute(
         })
         .collect();
     run.run_length_ms = assignment.run_length().as_millis() as u64;
+    run.phases = assignment
+        .phases
+        .iter()
+        .map(|p| RunPhase {
+            name: p.name.clone(),
+            start_ms: p.start.as_millis() as u64,
+            duration_ms: p.duration.as_millis() as u64,
+            measured: p.measure,
+        })
+        .collect();
     run.status = RunStatus::Running;
     run.started_unix_ms = Some(now_ms());
     run.note(
@@ -585,11 +616,16 @@ async fn take_over(
             "errors": [],
         }));
     }
+    let at_ms = t.saturating_sub(run.started_unix_ms.unwrap_or(t));
+    let phase = run
+        .phase_at(at_ms)
+        .map(|p| format!(" (phase '{}')", p.name))
+        .unwrap_or_default();
     let reason = format!(
-        "coordinator {old} was lost mid-run; standby {} took over {:.1} s after the run started and aborted it on every agent ({}). \
+        "coordinator {old} was lost mid-run; standby {} took over {:.1} s after the run started{phase} and aborted it on every agent ({}). \
          The intervals {old} had collected were lost with it.",
         opts.name,
-        t.saturating_sub(run.started_unix_ms.unwrap_or(t)) as f64 / 1000.0,
+        at_ms as f64 / 1000.0,
         per_agent.join("; ")
     );
     let out_dir = PathBuf::from(&run.output_dir);
@@ -758,5 +794,21 @@ mod tests {
             serde_json::to_string(&RunStatus::Partial).unwrap(),
             "\"partial\""
         );
+    }
+
+    #[test]
+    fn the_phase_at_a_time() {
+        let phase = |name: &str, start_ms, duration_ms| RunPhase {
+            name: name.into(),
+            start_ms,
+            duration_ms,
+            measured: true,
+        };
+        let json = r#"{"run_id":"1-x","plan_file":"x.toml","plan_text":"","status":"running","submitted_unix_ms":1}"#;
+        let mut s: RunState = serde_json::from_str(json).unwrap();
+        s.phases = vec![phase("ramp", 0, 5_000), phase("measure", 5_000, 30_000)];
+        assert_eq!(s.phase_at(4_999).unwrap().name, "ramp");
+        assert_eq!(s.phase_at(5_000).unwrap().name, "measure");
+        assert!(s.phase_at(35_000).is_none());
     }
 }

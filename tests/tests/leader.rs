@@ -159,10 +159,13 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
 
     let s = state(&rt, &etcd, &id);
     assert!(
-        s.reason.contains("c1 was lost") && s.reason.contains("standby c2"),
+        s.reason.contains("c1 was lost")
+            && s.reason.contains("standby c2")
+            && s.reason.contains("(phase 'measure')"),
         "{}",
         s.reason
     );
+    assert_eq!(s.phases.len(), 1);
     assert!(
         s.history.iter().any(|h| h.contains("took over from c1")),
         "{:?}",
