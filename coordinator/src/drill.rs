@@ -969,6 +969,103 @@ mod tests {
         }
     }
 
+    /// A run's results with nothing in them but what these tests set.
+    fn empty_results() -> RunResults {
+        let summary = serde_json::to_value(crate::results::Summary::default()).unwrap();
+        serde_json::from_value(serde_json::json!({
+            "lockstep_version": "0", "run_id": "r", "plan": "p", "status": "completed",
+            "start_unix_ms": 0, "duration_ms": 1000, "interval_ms": 1000, "phases": [],
+            "agents": [], "start_skew_ns": null, "cluster": summary, "nodes": [], "volumes": [],
+            "cluster_timeline": [], "objectives": [],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn finals_give_stuck_ios_and_verification_and_the_report_shows_them() {
+        use lockstep_agent::verify::{Finding, FindingKind};
+        let report = VerifyReport {
+            blocks: 10,
+            good: 9,
+            stale: 1,
+            findings: vec![Finding {
+                kind: FindingKind::Stale,
+                file: "/v/w.0.0".into(),
+                offset: 8192,
+                len: 4096,
+                expected: 3,
+                found: Some(2),
+                detail: String::new(),
+            }],
+            dropped_writes: 4,
+            ..Default::default()
+        };
+        let stuck = |start_ms: u64| lockstep_proto::v1::StuckIo {
+            offset: 4096,
+            len: 4096,
+            direction: "write".into(),
+            start_ms,
+            latency_ms: 6000,
+            file: "/v/w.0.0".into(),
+            completed: false,
+        };
+        let finals = vec![
+            (
+                "b".to_string(),
+                WireVolumeResult {
+                    volume: "data".into(),
+                    stuck: vec![stuck(900), stuck(100)],
+                    stuck_count: 150,
+                    verify_json: serde_json::to_string(&report).unwrap(),
+                    ..Default::default()
+                },
+            ),
+            (
+                "a".to_string(),
+                WireVolumeResult {
+                    volume: "data".into(),
+                    verify_json: "{".into(),
+                    ..Default::default()
+                },
+            ),
+        ];
+        let mut r = empty_results();
+        assert!(!r.verify_failed());
+        collect_finals(&mut r, &finals);
+        // Sorted by issue time; the cut list and the unreadable result are warnings.
+        assert_eq!(
+            r.stuck_ios.iter().map(|s| s.start_ms).collect::<Vec<_>>(),
+            [100, 900]
+        );
+        assert_eq!(r.stuck_ios[0].node, "b");
+        assert_eq!(r.verify.len(), 1);
+        assert!(r.verify_failed());
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("b/data: 150 stuck IOs, the first 2 listed")),
+            "{:?}",
+            r.warnings
+        );
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.starts_with("a/data: unreadable verification result")),
+            "{:?}",
+            r.warnings
+        );
+        let text = render_stuck_and_verify(&r);
+        for want in [
+            "b/data: write of 4096 bytes at offset 4096 of /v/w.0.0, issued at t=0.1s, STILL IN FLIGHT after 6000 ms",
+            "b/data: FAILED: 10 blocks, 9 good, 0 lost, 1 stale, 0 corrupt",
+            "drop_writes fault: 4 writes dropped",
+            "Stale /v/w.0.0@8192 len 4096: expected generation 3, found generation 2",
+        ] {
+            assert!(text.contains(want), "missing '{want}' in\n{text}");
+        }
+        assert_eq!(render_stuck_and_verify(&empty_results()), "");
+    }
+
     #[test]
     fn edges_snap_to_interval_boundaries_only_when_close() {
         assert_eq!(snap(20_003, 1000), 20_000);
