@@ -134,6 +134,7 @@ fn main() {
         drill: None,
         stuck_ios: Vec::new(),
         verify: Vec::new(),
+        curve: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

@@ -369,14 +369,18 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         anyhow::ensure!(!list.is_empty(), "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N", plan.origin.display());
         (discover(&list, args.token.as_deref()).await?, args.token.clone())
     };
-    let outcome = run_resolved(&args, &plan, &infos, token, &out_dir).await;
+    let outcome = if crate::curve::curve_roles(&plan).is_empty() {
+        run_resolved(&args, &plan, &infos, token, &out_dir).await
+    } else {
+        crate::curve::run(&args, &plan, &infos, token, &out_dir).await
+    };
     if let Some(c) = local {
         c.shutdown().await;
     }
     outcome
 }
 
-async fn run_resolved(
+pub(crate) async fn run_resolved(
     args: &RunArgs,
     plan: &Plan,
     infos: &[AgentInfo],

@@ -18,6 +18,7 @@
 //! - `registry`: live agents from etcd (`lockstep agents`, `lockstep run --etcd`);
 //! - `leader`: coordinators as a service: etcd election, run state in etcd, takeover;
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
+//! - `curve`: curve mode (vdbench `iorate=curve`): the maximum, then steps at percentages of it;
 //! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
@@ -26,6 +27,7 @@ pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod curve;
 pub mod drill;
 pub mod hlog;
 pub mod leader;

@@ -218,6 +218,9 @@ pub struct RunResults {
     /// Data verification per volume (jobs with `verify=crc32c`).
     #[serde(default)]
     pub verify: Vec<VolumeVerify>,
+    /// Curve mode: latency against IOPS, per role and volume (`None` for other runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curve: Option<crate::curve::CurveReport>,
 }
 
 /// An IO that took longer than the stuck-IO timeout, or was still in flight after it (fio

@@ -486,6 +486,7 @@ pub async fn execute(
         drill: None,
         stuck_ios: Vec::new(),
         verify: Vec::new(),
+        curve: None,
     };
     Ok(RunOutput { results, finals })
 }

@@ -474,3 +474,59 @@ riops = 200
     assert!(ms(&k["during"]["lat"]["p50_ns"]) > 50.0, "{k}");
     drop(_agent);
 }
+
+/// Curve mode (vdbench `iorate=curve`): a closed-loop step finds the maximum, then open-loop
+/// steps at percentages of it give latency against IOPS.
+#[test]
+fn rate_curve_finds_the_maximum_then_runs_at_percentages_of_it() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = |extra: &str| {
+        format!(
+            r#"
+name = "curve"
+duration = "2s"
+[[role]]
+name = "db"
+rate_curve = [50, 100]
+{extra}
+[role.workload.fio]
+rw = "randread"
+bs = "4k"
+iodepth = 8
+size = "32m"
+ioengine = "io_uring"
+direct = 1
+"#
+        )
+    };
+    let (o, _) = run(&mkdir(dir.path().join("bad")), &plan("rate_iops = 100"), Some(1), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("give rate_iops or rate_curve, not both"), "{}", text(&o));
+    let (o, out) = run(&mkdir(dir.path().join("ok")), &plan(""), Some(1), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&out.join("results.json"));
+    let c = &r["curve"]["roles"][0];
+    let steps = c["steps"].as_array().unwrap();
+    assert_eq!(steps.iter().map(|s| s["name"].as_str().unwrap()).collect::<Vec<_>>(), ["max", "50%", "100%"]);
+    let max = c["max_iops_per_volume"].as_f64().unwrap();
+    println!("curve: maximum {max:.0} IOPS (closed loop, iodepth 8)");
+    for s in &steps[1..] {
+        let target = s["target_iops"].as_f64().unwrap();
+        let achieved = s["role"]["iops"].as_f64().unwrap();
+        println!("curve step {}: target {target:.0} IOPS, achieved {achieved:.0}, p99 {:.2} ms", s["name"], ms(&s["role"]["p99_ns"]));
+        assert!((target - max * s["percent"].as_f64().unwrap() / 100.0).abs() <= 1.0, "{s}");
+        assert!(s["role"]["intended"].as_bool().unwrap());
+        assert!(out.join(s["dir"].as_str().unwrap()).join("results.json").is_file());
+    }
+    let half = &steps[1]["role"];
+    let target = steps[1]["target_iops"].as_f64().unwrap();
+    assert!((half["iops"].as_f64().unwrap() - target).abs() / target < 0.05, "the 50% step must hold its rate: {half}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("rate curve, role db"));
+}
+
+/// The directory, created.
+fn mkdir(p: PathBuf) -> PathBuf {
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}

@@ -33,6 +33,7 @@ use lockstep_agent::job::Direction;
 use toml::Spanned;
 
 pub use duration::{format_duration, parse_duration};
+pub use workload::with_rate;
 pub use resolve::{
     AgentAssignment, AgentInfo, Assignment, FaultAssignment, ScheduledFault, VolumeAssignment,
     VolumeInfo, VolumeRef, resolve,
@@ -214,6 +215,9 @@ pub struct Role {
     pub workload: Workload,
     /// Open-loop target per volume (fio's `rate_iops`); `None`: closed loop (iodepth-bound).
     pub rate_iops: Option<u64>,
+    /// Curve mode (vdbench `iorate=curve`): percentages of the maximum rate to run at, after a
+    /// closed-loop run that finds the maximum (`curve`).
+    pub rate_curve: Option<Vec<f64>>,
 }
 
 /// Which agents a role (or fault) applies to.
@@ -803,6 +807,25 @@ fn build_roles(
             rr.rate_iops.as_ref(),
             run_length,
         )?;
+        let rate_curve = match &rr.rate_curve {
+            None => None,
+            Some(c) => {
+                let field = format!("{what}: rate_curve");
+                if rr.rate_iops.is_some() {
+                    return Err(src.at(c, field, "give rate_iops or rate_curve, not both: the curve sets the rate of each step"));
+                }
+                let points = c.get_ref();
+                if points.is_empty() || points.len() > 20 {
+                    return Err(src.at(c, field, "needs 1 to 20 percentages of the maximum rate, e.g. [10, 50, 70, 80, 90, 100]"));
+                }
+                if let Some(p) = points.iter().find(|p| !(p.is_finite() && **p > 0.0 && **p <= 100.0)) {
+                    return Err(src.at(c, field, format!("{p} is not a percentage in (0, 100]")));
+                }
+                // The per-volume rate of each step must split over the jobs as rate_iops would.
+                workload::rate_for(&workload, 1).map_err(|m| src.at(c, field, m))?;
+                Some(points.clone())
+            }
+        };
         roles.push(Role {
             name: rr.name.get_ref().clone(),
             line,
@@ -812,6 +835,7 @@ fn build_roles(
             volumes_line,
             workload,
             rate_iops,
+            rate_curve,
         });
     }
     Ok(roles)

@@ -49,6 +49,7 @@ pub(super) struct RawRole {
     pub volumes: Option<Spanned<Vec<String>>>,
     pub workload: Spanned<RawWorkload>,
     pub rate_iops: Option<Spanned<u64>>,
+    pub rate_curve: Option<Spanned<Vec<f64>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -158,6 +158,32 @@ pub(super) fn build(
     })
 }
 
+/// `workload` with an open-loop target of `target` IOPS per volume (`None`: closed loop), as
+/// the plan would have built it with `rate_iops = target`: for curve mode, whose rates are
+/// known only after the maximum has been measured.
+pub fn with_rate(workload: &Workload, target: Option<u64>) -> Result<Workload, String> {
+    let mut w = workload.clone();
+    match target {
+        Some(t) => {
+            let value = rate_for(workload, t)?;
+            w.overrides.insert("rate_iops".to_string(), value);
+        }
+        None => {
+            w.overrides.remove("rate_iops");
+        }
+    }
+    Ok(w)
+}
+
+/// fio's `rate_iops=` value for a per-volume target on this workload.
+pub(super) fn rate_for(workload: &Workload, target: u64) -> Result<String, String> {
+    let mut overrides: Vec<(String, String)> =
+        workload.overrides.iter().filter(|(k, _)| k.as_str() != "rate_iops").map(|(k, v)| (k.clone(), v.clone())).collect();
+    overrides.retain(|(k, _)| !CONFINED.contains(&k.as_str()));
+    let jobs = jobfile::parse_str(&workload.job_text, Path::new("(curve)"), None, &overrides).map_err(|e| e.to_string())?;
+    rate_override(target, &jobs)
+}
+
 /// The role's `rate_iops`, a target for the whole volume, as fio's per-job, per-direction
 /// `rate_iops=READ,WRITE`: split evenly over the job clones (`numjobs` summed over the jobs,
 /// which run side by side for the whole run) and by the read/write mix.

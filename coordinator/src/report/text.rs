@@ -142,6 +142,10 @@ pub fn render(r: &RunResults) -> String {
         let _ = write!(o, "\ndrill: {}", crate::drill::render_text(d));
     }
     o.push_str(&crate::drill::render_stuck_and_verify(r));
+    if let Some(c) = &r.curve {
+        o.push('\n');
+        o.push_str(&crate::curve::render_text(c));
+    }
     if let Some(c) = &r.chokepoint {
         if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
             let _ = writeln!(o, "\nchokepoint: {text}");
