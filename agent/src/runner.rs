@@ -549,6 +549,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let mut sync_pending = false;
     let mut exhausted = false;
     let mut inflight = 0usize;
+    // IOs handed to the device per submit call (fio's iodepth_batch_submit default).
+    let submit_batch = 1usize;
     // IOs taken from the generator and counted in flight, waiting for their gate's instant.
     let mut gated: std::collections::VecDeque<(Instant, IoOp)> = std::collections::VecDeque::new();
     // Completions held back by a fault (added latency, stall) until their due instant. The
@@ -716,6 +718,21 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     break;
                 } else {
                     queued_now.push(slot_idx);
+                    // fio's default iodepth_batch_submit=1: each IO goes to the device as soon
+                    // as it is ready, so the first of a refill does not wait for the others'
+                    // submission (an O_DIRECT submit does the block-layer work inline).
+                    if queued_now.len() >= submit_batch {
+                        if let Err(e) = engine.commit() {
+                            failure = Some(e.to_string());
+                        }
+                        let t_sub = Instant::now();
+                        for &s in &queued_now {
+                            if let Some(slot) = slots[s as usize].as_mut() {
+                                slot.submitted = t_sub;
+                            }
+                        }
+                        queued_now.clear();
+                    }
                 }
             } else {
                 // Faults that never reach the device complete "at once" below.
