@@ -610,7 +610,9 @@ fn run(
 /// intervals).
 struct StartTap<S: runner::IntervalSink> {
     inner: S,
-    started: Arc<std::sync::OnceLock<SystemTime>>,
+    /// On the monotonic clock, as the clones time their intervals and IO-path faults (the
+    /// wall clock may be stepped or slewed during a run).
+    started: Arc<std::sync::OnceLock<Instant>>,
 }
 
 impl<S: runner::IntervalSink> runner::IntervalSink for StartTap<S> {
@@ -619,7 +621,7 @@ impl<S: runner::IntervalSink> runner::IntervalSink for StartTap<S> {
     }
     fn on_group_started(&self, groupid: u32, at: SystemTime) {
         if groupid == 0 {
-            let _ = self.started.set(at);
+            let _ = self.started.set(Instant::now());
         }
         self.inner.on_group_started(groupid, at)
     }
@@ -634,7 +636,7 @@ impl<S: runner::IntervalSink> runner::IntervalSink for StartTap<S> {
 fn schedule_throttle(
     group: Arc<crate::fault::kernel::ThrottleGroup>,
     faults: &[FaultSpec],
-    io_started: Arc<std::sync::OnceLock<SystemTime>>,
+    io_started: Arc<std::sync::OnceLock<Instant>>,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
 ) {
@@ -664,10 +666,11 @@ fn schedule_throttle(
                 if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
                     return;
                 }
-                match at.duration_since(SystemTime::now()) {
-                    Ok(left) if !left.is_zero() => std::thread::sleep(left.min(Duration::from_millis(20))),
-                    _ => break,
+                let left = at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
                 }
+                std::thread::sleep(left.min(Duration::from_millis(20)));
             }
             let limits = crate::fault::kernel::active_limits(&specs, t_ms);
             if let Err(e) = group.set(limits.as_ref()) {
