@@ -500,9 +500,12 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         Ok((files, generator, engine, rate, buffers))
     })();
     let leader = ctx.barrier.wait().is_leader();
+    // Held (real-time priority, where permitted) until the first IOs are submitted, so the
+    // start is not lost to a time slice between waking and issuing.
+    let mut start_priority = None;
     if ctx.groupid == 0 {
         if let Some(at) = ctx.opts.start_at {
-            wait_until_realtime(at, &ctx.opts.stop);
+            start_priority = wait_until_realtime(at, &ctx.opts.stop);
         }
     }
     if leader {
@@ -781,6 +784,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 }
             }
         }
+        // The first IOs are out: back to the ordinary policy for the rest of the run.
+        drop(start_priority.take());
 
         if inflight == 0 {
             if sync_pending {
@@ -1090,6 +1095,21 @@ fn do_sync(
     }
 }
 
+/// Puts the thread back on its scheduling policy when dropped (after the first IOs went out).
+pub struct RestorePolicy {
+    policy: i32,
+    param: libc::sched_param,
+}
+
+impl Drop for RestorePolicy {
+    fn drop(&mut self) {
+        // SAFETY: restoring this thread's own policy, read before it was changed.
+        unsafe {
+            libc::pthread_setschedparam(libc::pthread_self(), self.policy, &self.param);
+        }
+    }
+}
+
 /// Waits for an instant of the system clock (not the monotonic one: the coordinator's start
 /// instant is expressed in wall-clock time).
 ///
@@ -1100,7 +1120,7 @@ fn do_sync(
 /// instead of waiting for a time slice. The policy is restored as soon as the thread wakes:
 /// the IO itself runs as an ordinary thread. Without the privilege it sleeps to 300 µs before
 /// the instant and spins the rest.
-pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) {
+pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) -> Option<RestorePolicy> {
     const SPIN: Duration = Duration::from_micros(300);
     // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
     unsafe {
@@ -1118,10 +1138,10 @@ pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) {
     loop {
         let left = match at.duration_since(SystemTime::now()) {
             Ok(d) if !d.is_zero() => d,
-            _ => return,
+            _ => return None,
         };
         if stop.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
         if left > Duration::from_millis(60) {
             std::thread::sleep(Duration::from_millis(50));
@@ -1141,11 +1161,7 @@ pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) {
     let realtime = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) } == 0;
     if realtime {
         while sleep_until(at) == libc::EINTR {}
-        // SAFETY: restoring the policy read above.
-        unsafe {
-            libc::pthread_setschedparam(libc::pthread_self(), policy, &param);
-        }
-        return;
+        return Some(RestorePolicy { policy, param });
     }
     if let Some(wake) = at.checked_sub(SPIN) {
         while SystemTime::now() < wake && sleep_until(wake) == libc::EINTR {}
@@ -1153,6 +1169,7 @@ pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) {
     while SystemTime::now() < at && !stop.load(Ordering::Relaxed) {
         std::hint::spin_loop();
     }
+    None
 }
 
 fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
