@@ -52,7 +52,10 @@ pub enum Pattern {
 
 impl Pattern {
     pub fn is_random(self) -> bool {
-        matches!(self, Pattern::RandRead | Pattern::RandWrite | Pattern::RandReadWrite)
+        matches!(
+            self,
+            Pattern::RandRead | Pattern::RandWrite | Pattern::RandReadWrite
+        )
     }
     pub fn reads(self) -> bool {
         !matches!(self, Pattern::Write | Pattern::RandWrite)
@@ -129,7 +132,10 @@ pub struct Rate {
 
 impl Rate {
     pub fn is_limited(&self) -> bool {
-        self.iops.iter().chain(self.bytes_per_sec.iter()).any(Option::is_some)
+        self.iops
+            .iter()
+            .chain(self.bytes_per_sec.iter())
+            .any(Option::is_some)
     }
 }
 

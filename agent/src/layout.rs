@@ -22,7 +22,11 @@ use crate::workload::FileRegion;
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
     #[error("job '{job}' ({origin}): {message}")]
-    Job { job: String, origin: String, message: String },
+    Job {
+        job: String,
+        origin: String,
+        message: String,
+    },
     #[error("{path}: {action} failed: {source}{hint}")]
     Io {
         path: PathBuf,
@@ -56,7 +60,12 @@ pub fn io_hint(err: &io::Error) -> &'static str {
 
 fn io_err(path: &Path, action: &'static str, source: io::Error) -> LayoutError {
     let hint = io_hint(&source);
-    LayoutError::Io { path: path.to_path_buf(), action, source, hint }
+    LayoutError::Io {
+        path: path.to_path_buf(),
+        action,
+        source,
+        hint,
+    }
 }
 
 /// One file a job clone will do IO on.
@@ -102,7 +111,12 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
         for dir in &dirs {
             match std::fs::metadata(dir) {
                 Ok(m) if m.is_dir() => {}
-                Ok(_) => return Err(job_err(format!("directory={} is not a directory", dir.display()))),
+                Ok(_) => {
+                    return Err(job_err(format!(
+                        "directory={} is not a directory",
+                        dir.display()
+                    )));
+                }
                 Err(e) => {
                     return Err(job_err(format!(
                         "directory={}: {e}; lockstep does not create directories, create it first",
@@ -119,7 +133,9 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
     let mut planned = Vec::with_capacity(paths.len());
     for path in paths {
         let meta = std::fs::metadata(&path).ok();
-        let is_block = meta.as_ref().is_some_and(|m| m.file_type().is_block_device());
+        let is_block = meta
+            .as_ref()
+            .is_some_and(|m| m.file_type().is_block_device());
         let existing_len = match &meta {
             Some(_) if is_block => block_device_size(&path)?,
             Some(m) => m.len(),
@@ -190,7 +206,10 @@ pub fn check_block_device(path: &Path) -> Result<(), LayoutError> {
     let meta = std::fs::metadata(path).map_err(|e| io_err(path, "stat", e))?;
     let rdev = meta.rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    let refuse = |why: String| LayoutError::DeviceInUse { path: path.to_path_buf(), why };
+    let refuse = |why: String| LayoutError::DeviceInUse {
+        path: path.to_path_buf(),
+        why,
+    };
     let mut devs = vec![(major, minor)];
     // Partitions of this device count too: a mounted /dev/sda1 makes /dev/sda unsafe.
     let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
@@ -229,7 +248,11 @@ pub fn check_block_device(path: &Path) -> Result<(), LayoutError> {
     }
     if let Ok(swaps) = std::fs::read_to_string("/proc/swaps") {
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        if swaps.lines().skip(1).any(|l| l.split_whitespace().next() == canon.to_str()) {
+        if swaps
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().next() == canon.to_str())
+        {
             return Err(refuse("it is in use as swap".into()));
         }
     }
@@ -353,7 +376,9 @@ pub fn lay_out(
     for f in unique.values() {
         if f.is_block_device {
             if !allow_block_devices {
-                return Err(LayoutError::BlockDeviceNotAllowed { path: f.path.clone() });
+                return Err(LayoutError::BlockDeviceNotAllowed {
+                    path: f.path.clone(),
+                });
             }
             check_block_device(&f.path)?;
             continue;
@@ -406,24 +431,28 @@ fn extend_file(
             return Err(io_err(&f.path, "allocate", io::Error::from_raw_os_error(r)));
         }
         if r == libc::EOPNOTSUPP {
-            file.set_len(f.min_len).map_err(|e| io_err(&f.path, "extend", e))?;
+            file.set_len(f.min_len)
+                .map_err(|e| io_err(&f.path, "extend", e))?;
         }
         return Ok(());
     }
     const CHUNK: usize = 1 << 20;
     let mut buf = vec![0u8; CHUNK];
     fill_pseudo_random(&mut buf, f.path.as_os_str().len() as u64 ^ 0x5eed);
-    file.seek(SeekFrom::Start(current)).map_err(|e| io_err(&f.path, "seek", e))?;
+    file.seek(SeekFrom::Start(current))
+        .map_err(|e| io_err(&f.path, "seek", e))?;
     let mut pos = current;
     while pos < f.min_len {
         let n = ((f.min_len - pos) as usize).min(CHUNK);
         // Vary each chunk a little so that dedup/compression cannot flatter the device.
         buf[..8].copy_from_slice(&pos.to_le_bytes());
-        file.write_all(&buf[..n]).map_err(|e| io_err(&f.path, "write (layout)", e))?;
+        file.write_all(&buf[..n])
+            .map_err(|e| io_err(&f.path, "write (layout)", e))?;
         pos += n as u64;
         progress.advance(n as u64);
     }
-    file.sync_all().map_err(|e| io_err(&f.path, "fsync (layout)", e))?;
+    file.sync_all()
+        .map_err(|e| io_err(&f.path, "fsync (layout)", e))?;
     Ok(())
 }
 
@@ -480,7 +509,13 @@ mod tests {
         assert_eq!(files.len(), 2);
         assert_eq!(files[0].path, dir.path().join("t.3.0"));
         assert_eq!(files[1].path, dir.path().join("t.3.1"));
-        assert_eq!(files[0].region, FileRegion { offset: 0, len: 4 << 20 });
+        assert_eq!(
+            files[0].region,
+            FileRegion {
+                offset: 0,
+                len: 4 << 20
+            }
+        );
     }
 
     #[test]
@@ -488,7 +523,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut j = job(dir.path());
         j.name = "../evil".into();
-        assert!(plan_files(&j, 0).unwrap_err().to_string().contains("must not contain '/'"));
+        assert!(
+            plan_files(&j, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("must not contain '/'")
+        );
         let mut j = job(&dir.path().join("missing"));
         j.name = "ok".into();
         let err = plan_files(&j, 0).unwrap_err().to_string();
@@ -504,7 +544,10 @@ mod tests {
         let mut created = CreatedFiles::default();
         lay_out(&files, true, false, &mut created, &NoProgress).unwrap();
         assert_eq!(created.paths, vec![dir.path().join("t.0.0")]);
-        assert_eq!(std::fs::metadata(dir.path().join("t.0.0")).unwrap().len(), 4 << 20);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("t.0.0")).unwrap().len(),
+            4 << 20
+        );
         assert!(created.remove_all().is_empty());
         assert!(!dir.path().join("t.0.0").exists());
         assert!(keep.exists(), "a pre-existing file must never be removed");

@@ -145,12 +145,18 @@ fn main() -> std::process::ExitCode {
                 lockstep_agent::units::parse_time(v, lockstep_agent::units::TimeUnit::Seconds)
                     .map_err(|e| eprintln!("lockstep-agent: error: {flag} {v}: {e}"))
             };
-            let Ok(grace) = parse_time("--grace", &grace) else { return std::process::ExitCode::from(2) };
-            let Ok(ttl) = parse_time("--etcd-ttl", &etcd_ttl) else { return std::process::ExitCode::from(2) };
-            let registry = etcd.filter(|e| !e.trim().is_empty()).map(|e| lockstep_agent::registry::RegistryOptions {
-                endpoints: lockstep_agent::registry::parse_endpoints(&e),
-                prefix: etcd_prefix,
-                ttl,
+            let Ok(grace) = parse_time("--grace", &grace) else {
+                return std::process::ExitCode::from(2);
+            };
+            let Ok(ttl) = parse_time("--etcd-ttl", &etcd_ttl) else {
+                return std::process::ExitCode::from(2);
+            };
+            let registry = etcd.filter(|e| !e.trim().is_empty()).map(|e| {
+                lockstep_agent::registry::RegistryOptions {
+                    endpoints: lockstep_agent::registry::parse_endpoints(&e),
+                    prefix: etcd_prefix,
+                    ttl,
+                }
             });
             let cfg = DaemonConfig {
                 name: name.unwrap_or_else(daemon::hostname),
@@ -161,7 +167,13 @@ fn main() -> std::process::ExitCode {
                 allow_block_devices,
                 allow_exec,
             };
-            let opts = daemon::ServeOptions { listen, metrics_listen, advertise, registry, tls };
+            let opts = daemon::ServeOptions {
+                listen,
+                metrics_listen,
+                advertise,
+                registry,
+                tls,
+            };
             match daemon::serve_blocking(cfg, opts) {
                 Ok(()) => return std::process::ExitCode::SUCCESS,
                 Err(e) => {
@@ -179,22 +191,36 @@ fn main() -> std::process::ExitCode {
                 }
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
             } else {
                 print!("{}", lockstep_agent::verify::render_text(&report));
             }
-            return std::process::ExitCode::from(if report.bad() > 0 || !report.errors.is_empty() { 1 } else { 0 });
+            return std::process::ExitCode::from(
+                if report.bad() > 0 || !report.errors.is_empty() {
+                    1
+                } else {
+                    0
+                },
+            );
         }
-        Command::Run { jobfile, output_format, output, overrides, allow_block_devices, keep_files } => {
-            standalone::run(&StandaloneArgs {
-                jobfile,
-                format: output_format,
-                output,
-                overrides,
-                allow_block_devices,
-                keep_files,
-            })
-        }
+        Command::Run {
+            jobfile,
+            output_format,
+            output,
+            overrides,
+            allow_block_devices,
+            keep_files,
+        } => standalone::run(&StandaloneArgs {
+            jobfile,
+            format: output_format,
+            output,
+            overrides,
+            allow_block_devices,
+            keep_files,
+        }),
     };
     match result {
         Ok(outcome) if outcome.failed || outcome.interrupted => std::process::ExitCode::from(1),

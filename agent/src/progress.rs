@@ -24,7 +24,11 @@ pub struct LayoutBar {
 
 impl LayoutBar {
     pub fn new(visible: bool) -> Self {
-        let bar = if visible { ProgressBar::new(0) } else { ProgressBar::hidden() };
+        let bar = if visible {
+            ProgressBar::new(0)
+        } else {
+            ProgressBar::hidden()
+        };
         bar.set_style(
             ProgressStyle::with_template(
                 "laying out files {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -76,7 +80,12 @@ pub fn spawn_live_line(
             let dt = (now - last_t).as_secs_f64();
             let rate = |i: usize| (cur[i] - last[i]) as f64 / dt;
             let eta = expected
-                .map(|e| format!(" eta {:>4.0}s", e.saturating_sub(start.elapsed()).as_secs_f64()))
+                .map(|e| {
+                    format!(
+                        " eta {:>4.0}s",
+                        e.saturating_sub(start.elapsed()).as_secs_f64()
+                    )
+                })
                 .unwrap_or_default();
             bar.set_message(format!(
                 "Jobs: {} [r={:.1}MiB/s,w={:.1}MiB/s][r={:.0},w={:.0} IOPS] elapsed {:.0}s{eta}",

@@ -82,7 +82,10 @@ mod tests {
         let t: Vec<u64> = (0..4).map(|_| r.next_intended_ns()).collect();
         assert_eq!(t, vec![0, 333_333_333, 666_666_666, 1_000_000_000]);
         let mut r = RateScheduler::new(5000.0, RateProcess::Linear, 0).unwrap();
-        let last = (0..=5_000_000).map(|_| r.next_intended_ns()).last().unwrap();
+        let last = (0..=5_000_000)
+            .map(|_| r.next_intended_ns())
+            .last()
+            .unwrap();
         assert_eq!(last, 1_000_000_000_000);
     }
 

@@ -21,7 +21,9 @@ use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
 use crate::rate::RateScheduler;
 use crate::report::{JobReport, RunReport};
-use crate::stats::{DirStats, IntervalSummary, JobStats, STUCK_LIMIT, StuckIo, depth_bucket, record};
+use crate::stats::{
+    DirStats, IntervalSummary, JobStats, STUCK_LIMIT, StuckIo, depth_bucket, record,
+};
 use crate::verify::{self, VerifyReport, VerifyState};
 use crate::workload::{Generator, WorkloadParams};
 
@@ -165,7 +167,11 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
             return Err(e.into());
         }
     }
-    Ok(PreparedRun { jobs: jobs.to_vec(), plans, created })
+    Ok(PreparedRun {
+        jobs: jobs.to_vec(),
+        plans,
+        created,
+    })
 }
 
 impl PreparedRun {
@@ -207,7 +213,11 @@ impl PreparedRun {
                 });
             }
         }
-        RunReport { jobs: reports, started, elapsed: t_start.elapsed() }
+        RunReport {
+            jobs: reports,
+            started,
+            elapsed: t_start.elapsed(),
+        }
     }
 
     /// Removes what `prepare` created (unless `keep`), for a run that will not start.
@@ -224,7 +234,10 @@ impl PreparedRun {
 /// write its files: clones sharing a file (`filename=` with `numjobs` > 1, or two jobs naming
 /// one file) would overwrite each other's blocks and every overwritten block would be
 /// reported as lost. Refused before anything is written.
-fn check_verified_files_are_private(jobs: &[JobSpec], plans: &[Vec<Vec<PlannedFile>>]) -> Result<(), RunError> {
+fn check_verified_files_are_private(
+    jobs: &[JobSpec],
+    plans: &[Vec<Vec<PlannedFile>>],
+) -> Result<(), RunError> {
     let mut writers: HashMap<&std::path::Path, Vec<(usize, u32)>> = HashMap::new();
     for (j, per_clone) in plans.iter().enumerate() {
         if !jobs[j].pattern.writes() {
@@ -244,7 +257,10 @@ fn check_verified_files_are_private(jobs: &[JobSpec], plans: &[Vec<Vec<PlannedFi
             continue;
         }
         if let Some(&(j, _)) = users.iter().find(|&&(j, _)| jobs[j].verify.is_some()) {
-            let who: Vec<String> = users.iter().map(|&(j, c)| format!("'{}' clone {c}", jobs[j].name)).collect();
+            let who: Vec<String> = users
+                .iter()
+                .map(|&(j, c)| format!("'{}' clone {c}", jobs[j].name))
+                .collect();
             return Err(RunError::Setup {
                 job: jobs[j].name.clone(),
                 message: format!(
@@ -261,19 +277,29 @@ fn check_verified_files_are_private(jobs: &[JobSpec], plans: &[Vec<Vec<PlannedFi
 }
 
 fn validate(job: &JobSpec) -> Result<(), RunError> {
-    let err = |message: String| RunError::Setup { job: job.name.clone(), message };
+    let err = |message: String| RunError::Setup {
+        job: job.name.clone(),
+        message,
+    };
     if job.time_based && job.runtime.is_none() {
-        return Err(err("time_based needs runtime= (otherwise the job never ends)".into()));
+        return Err(err(
+            "time_based needs runtime= (otherwise the job never ends)".into(),
+        ));
     }
     if job.direct {
         for &(bs, _) in job.bs.iter().flatten() {
             if bs % 512 != 0 {
-                return Err(err(format!("direct=1 needs block sizes that are multiples of 512; bs={bs}")));
+                return Err(err(format!(
+                    "direct=1 needs block sizes that are multiples of 512; bs={bs}"
+                )));
             }
         }
     }
     if job.max_bs() > u32::MAX as u64 / 2 {
-        return Err(err(format!("block size {} is too large (at most 1 GiB)", job.max_bs())));
+        return Err(err(format!(
+            "block size {} is too large (at most 1 GiB)",
+            job.max_bs()
+        )));
     }
     if job.verify.is_some() && job.pattern.writes() {
         verify::check_job(job).map_err(err)?;
@@ -299,9 +325,17 @@ fn run_group(
         for idx in range.clone() {
             let job = &jobs[idx];
             for clone in 0..job.numjobs {
-                let base = if job.randrepeat { job.randseed } else { run_seed };
+                let base = if job.randrepeat {
+                    job.randseed
+                } else {
+                    run_seed
+                };
                 let seed = mix(base, idx as u64, clone as u64);
-                let faults = opts.faults.as_ref().map(|f| f(idx, clone)).unwrap_or_default();
+                let faults = opts
+                    .faults
+                    .as_ref()
+                    .map(|f| f(idx, clone))
+                    .unwrap_or_default();
                 let ctx = CloneCtx {
                     job,
                     job_index: idx,
@@ -357,15 +391,19 @@ struct Buffers {
 impl Buffers {
     fn new(slots: usize, slot_len: usize, seed: u64) -> Self {
         let slot_len = slot_len.next_multiple_of(4096);
-        let layout = std::alloc::Layout::from_size_align(slots * slot_len, 4096)
-            .expect("buffer layout");
+        let layout =
+            std::alloc::Layout::from_size_align(slots * slot_len, 4096).expect("buffer layout");
         // SAFETY: non-zero size (slots >= 1, slot_len >= 4096).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         assert!(!ptr.is_null(), "out of memory allocating IO buffers");
         // SAFETY: ptr is valid for layout.size() bytes, owned by us.
         let all = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
         layout::fill_pseudo_random(all, seed);
-        Buffers { ptr, layout, slot_len }
+        Buffers {
+            ptr,
+            layout,
+            slot_len,
+        }
     }
     fn slot(&self, i: usize) -> *mut u8 {
         // SAFETY: i < slots, so the offset stays inside the allocation.
@@ -484,7 +522,11 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             files: regions,
             distribution: job.distribution,
             norandommap: job.norandommap,
-            io_limit: if job.time_based { None } else { Some(job.io_size.unwrap_or(total)) },
+            io_limit: if job.time_based {
+                None
+            } else {
+                Some(job.io_size.unwrap_or(total))
+            },
             wrap: job.time_based,
             align: job.min_bs(),
         };
@@ -543,12 +585,17 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let mut last_tick = timed_start;
     let mut ru_start = thread_rusage();
     let rate_origin = t0;
-    let mut next_intended: Option<Instant> =
-        rate.as_mut().map(|r| rate_origin + Duration::from_nanos(r.next_intended_ns()));
+    let mut next_intended: Option<Instant> = rate
+        .as_mut()
+        .map(|r| rate_origin + Duration::from_nanos(r.next_intended_ns()));
     let mut not_before: Option<Instant> = None;
     let mut since_think = 0u32;
     let mut writes_since_sync = 0u32;
-    let sync_every = if job.fsync > 0 { job.fsync } else { job.fdatasync };
+    let sync_every = if job.fsync > 0 {
+        job.fsync
+    } else {
+        job.fdatasync
+    };
     let mut sync_pending = false;
     let mut exhausted = false;
     let mut inflight = 0usize;
@@ -629,7 +676,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 Ok(()) => queued_now.push(op.tag),
                 Err(e) => {
                     failure.get_or_insert(e.to_string());
-                    completions.push(Completion { tag: op.tag, result: -(libc::EIO as i64) });
+                    completions.push(Completion {
+                        tag: op.tag,
+                        result: -(libc::EIO as i64),
+                    });
                 }
             }
         }
@@ -656,7 +706,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     }
                 },
             };
-            if verifying && req.dir == Direction::Write && vstate.busy(req.file as u32, req.offset) {
+            if verifying && req.dir == Direction::Write && vstate.busy(req.file as u32, req.offset)
+            {
                 // Its intended time is not consumed: the wait counts in its latency.
                 deferred = Some(req);
                 break;
@@ -744,7 +795,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 } else {
                     -(libc::EIO as i64)
                 };
-                completions.push(Completion { tag: slot_idx, result });
+                completions.push(Completion {
+                    tag: slot_idx,
+                    result,
+                });
                 queued_now.push(slot_idx);
             }
             // The queue-depth integral is advanced at every change of the depth, so the
@@ -845,7 +899,9 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         let mut t_done = Instant::now();
         let stopping_now = stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| t_done >= d);
         for c in completions.drain(..) {
-            let Some(slot) = slots[c.tag as usize] else { continue };
+            let Some(slot) = slots[c.tag as usize] else {
+                continue;
+            };
             // Added latency holds a completion until submission + delay; a stall holds every
             // completion until the stall ends. The IO stays outstanding meanwhile.
             let mut due = None;
@@ -911,7 +967,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             d.saturated += record(&mut d.clat, clat) as u64;
             record(&mut d.lat, lat);
             if let (Some(h), Some(intended)) = (d.lat_intended.as_mut(), slot.intended) {
-                record(h, t_done.saturating_duration_since(intended).as_nanos() as u64);
+                record(
+                    h,
+                    t_done.saturating_duration_since(intended).as_nanos() as u64,
+                );
             }
         }
         let _ = &mut t_done;
@@ -937,7 +996,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     if verifying && !vstate.blocks.is_empty() {
         let names: Vec<String> = ctx.files.iter().map(|f| absolute(&f.path)).collect();
         let mut r = if stop.load(Ordering::Relaxed) {
-            VerifyReport { errors: vec!["stopped before verification".into()], ..Default::default() }
+            VerifyReport {
+                errors: vec!["stopped before verification".into()],
+                ..Default::default()
+            }
         } else {
             verify::check(&vstate, &files, &names)
         };
@@ -949,8 +1011,12 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             }
         }
         if r.bad() > 0 && failure.is_none() {
-            let first: Vec<String> =
-                r.findings.iter().take(10).map(|f| format!("{}@{}: {:?}", f.file, f.offset, f.kind)).collect();
+            let first: Vec<String> = r
+                .findings
+                .iter()
+                .take(10)
+                .map(|f| format!("{}@{}: {:?}", f.file, f.offset, f.kind))
+                .collect();
             failure = Some(format!(
                 "verify (crc32c) failed on {} of {} blocks of job '{}': {}",
                 r.bad(),
@@ -968,12 +1034,22 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
 }
 
 fn absolute(p: &std::path::Path) -> String {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+    std::path::absolute(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
 }
 
 /// Lists (or updates) a stuck IO; returns its index in the list (`u32::MAX`: counted, not
 /// listed, the list being full).
-fn note_stuck(stats: &mut JobStats, files: &[PlannedFile], slot: &Slot, t0: Instant, took_ns: u64, completed: bool) -> u32 {
+fn note_stuck(
+    stats: &mut JobStats,
+    files: &[PlannedFile],
+    slot: &Slot,
+    t0: Instant,
+    took_ns: u64,
+    completed: bool,
+) -> u32 {
     let latency_ms = took_ns / 1_000_000;
     if let Some(i) = slot.stuck {
         if let Some(s) = stats.stuck.get_mut(i as usize) {
@@ -987,7 +1063,10 @@ fn note_stuck(stats: &mut JobStats, files: &[PlannedFile], slot: &Slot, t0: Inst
         return u32::MAX;
     }
     stats.stuck.push(StuckIo {
-        file: files.get(slot.file as usize).map(|f| f.path.display().to_string()).unwrap_or_default(),
+        file: files
+            .get(slot.file as usize)
+            .map(|f| f.path.display().to_string())
+            .unwrap_or_default(),
         offset: slot.offset,
         len: slot.len,
         direction: slot.dir,
@@ -1003,8 +1082,16 @@ fn rate_ios_per_sec(job: &JobSpec) -> Option<f64> {
         return None;
     }
     let mean_bs = |d: usize| -> f64 {
-        let w: f64 = job.bs[d].iter().map(|&(_, p)| p as f64).sum::<f64>().max(1.0);
-        job.bs[d].iter().map(|&(s, p)| s as f64 * p as f64).sum::<f64>() / w
+        let w: f64 = job.bs[d]
+            .iter()
+            .map(|&(_, p)| p as f64)
+            .sum::<f64>()
+            .max(1.0);
+        job.bs[d]
+            .iter()
+            .map(|&(s, p)| s as f64 * p as f64)
+            .sum::<f64>()
+            / w
     };
     let share = |d: usize| -> f64 {
         let r = job.rwmixread as f64 / 100.0;
@@ -1049,7 +1136,11 @@ fn close_interval(
         ios: [iv[0].ios, iv[1].ios],
         bytes: [iv[0].bytes, iv[1].bytes],
         errors: [iv[0].errors, iv[1].errors],
-        outstanding: if len.is_zero() { 0.0 } else { *area / len.as_nanos() as f64 },
+        outstanding: if len.is_zero() {
+            0.0
+        } else {
+            *area / len.as_nanos() as f64
+        },
     };
     let live = &ctx.opts.live;
     for d in 0..2 {
@@ -1084,7 +1175,11 @@ fn do_sync(
 ) {
     for f in files {
         let t = Instant::now();
-        let r = if job.fdatasync > 0 && job.fsync == 0 { f.sync_data() } else { f.sync_all() };
+        let r = if job.fdatasync > 0 && job.fsync == 0 {
+            f.sync_data()
+        } else {
+            f.sync_all()
+        };
         if let Err(e) = r {
             failure.get_or_insert_with(|| format!("fsync failed: {e}"));
         }
@@ -1133,7 +1228,14 @@ pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) -> Option<RestoreP
             tv_nsec: since.subsec_nanos() as libc::c_long,
         };
         // SAFETY: a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        unsafe { libc::clock_nanosleep(libc::CLOCK_REALTIME, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) }
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_REALTIME,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        }
     };
     loop {
         let left = match at.duration_since(SystemTime::now()) {
@@ -1158,7 +1260,8 @@ pub fn wait_until_realtime(at: SystemTime, stop: &AtomicBool) -> Option<RestoreP
     };
     let fifo = libc::sched_param { sched_priority: 1 };
     // SAFETY: as above; fails harmlessly without the privilege.
-    let realtime = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) } == 0;
+    let realtime =
+        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) } == 0;
     if realtime {
         while sleep_until(at) == libc::EINTR {}
         return Some(RestorePolicy { policy, param });

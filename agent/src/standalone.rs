@@ -22,7 +22,9 @@ impl std::str::FromStr for OutputFormat {
         match s {
             "normal" => Ok(OutputFormat::Normal),
             "json" => Ok(OutputFormat::Json),
-            other => Err(format!("unknown output format '{other}': use normal or json")),
+            other => Err(format!(
+                "unknown output format '{other}': use normal or json"
+            )),
         }
     }
 }
@@ -79,10 +81,20 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
         None => std::io::stdout().write_all(text.as_bytes())?,
     }
     let failed = report.jobs.iter().any(|j| j.error.is_some());
-    for j in report.jobs.iter().filter_map(|j| j.error.as_ref().map(|e| (j, e))) {
-        eprintln!("lockstep-agent: job '{}' (clone {}): {}", j.0.spec.name, j.0.clone, j.1);
+    for j in report
+        .jobs
+        .iter()
+        .filter_map(|j| j.error.as_ref().map(|e| (j, e)))
+    {
+        eprintln!(
+            "lockstep-agent: job '{}' (clone {}): {}",
+            j.0.spec.name, j.0.clone, j.1
+        );
     }
-    Ok(Outcome { failed, interrupted: stop.load(Ordering::Relaxed) })
+    Ok(Outcome {
+        failed,
+        interrupted: stop.load(Ordering::Relaxed),
+    })
 }
 
 pub fn render(report: &RunReport, format: OutputFormat) -> String {
@@ -95,8 +107,14 @@ pub fn render(report: &RunReport, format: OutputFormat) -> String {
 /// Writes to a temporary file beside `path` and renames it into place, so a reader never sees
 /// half a report and an existing report is not destroyed by a failed write.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;

@@ -113,7 +113,10 @@ pub struct SyncStats {
 
 impl Default for SyncStats {
     fn default() -> Self {
-        SyncStats { ios: 0, lat: latency_histogram() }
+        SyncStats {
+            ios: 0,
+            lat: latency_histogram(),
+        }
     }
 }
 
@@ -229,10 +232,7 @@ impl JobStats {
 
 /// Bucket index in `DEPTH_BUCKETS` for `depth` outstanding IOs, as fio counts them.
 pub fn depth_bucket(depth: u32) -> usize {
-    DEPTH_BUCKETS
-        .iter()
-        .rposition(|&b| depth >= b)
-        .unwrap_or(0)
+    DEPTH_BUCKETS.iter().rposition(|&b| depth >= b).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -645,14 +645,24 @@ pub fn verify_paths(paths: &[PathBuf]) -> Result<VerifyReport, StateError> {
 pub fn render_text(r: &VerifyReport) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
-    let verdict = if r.bad() == 0 && r.errors.is_empty() { "ok" } else { "FAILED" };
+    let verdict = if r.bad() == 0 && r.errors.is_empty() {
+        "ok"
+    } else {
+        "FAILED"
+    };
     let _ = writeln!(o, "verify: {verdict}: {}", r.summary());
     for s in &r.state_files {
         let _ = writeln!(o, "  state: {s}");
     }
     for f in &r.findings {
-        let found = f.found.map_or(String::new(), |g| format!(", found generation {g}"));
-        let detail = if f.detail.is_empty() { String::new() } else { format!(" ({})", f.detail) };
+        let found = f
+            .found
+            .map_or(String::new(), |g| format!(", found generation {g}"));
+        let detail = if f.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", f.detail)
+        };
         let _ = writeln!(
             o,
             "  {:?} {}@{} len {}: expected generation {}{found}{detail}",
@@ -660,7 +670,11 @@ pub fn render_text(r: &VerifyReport) -> String {
         );
     }
     if (r.bad() as usize) > r.findings.len() {
-        let _ = writeln!(o, "  ... {} more not listed", r.bad() as usize - r.findings.len());
+        let _ = writeln!(
+            o,
+            "  ... {} more not listed",
+            r.bad() as usize - r.findings.len()
+        );
     }
     for e in &r.errors {
         let _ = writeln!(o, "  error: {e}");

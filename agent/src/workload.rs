@@ -59,7 +59,9 @@ pub struct WorkloadParams {
 pub enum WorkloadError {
     #[error("no files to do IO on")]
     NoFiles,
-    #[error("block size {bs} is larger than the region of file {file} ({len} bytes): use a larger size= or a smaller bs=")]
+    #[error(
+        "block size {bs} is larger than the region of file {file} ({len} bytes): use a larger size= or a smaller bs="
+    )]
     RegionTooSmall { file: usize, bs: u64, len: u64 },
     #[error("block size 0 is not allowed")]
     ZeroBlockSize,
@@ -79,7 +81,9 @@ enum Picker {
     /// Skewed: the drawn rank is scattered over the file with a fixed hash, as fio does, so the
     /// hot blocks are not all at the start of the file.
     Zipf(Zipf<f64>),
-    Pareto { pow: f64 },
+    Pareto {
+        pow: f64,
+    },
     Normal(Normal<f64>),
 }
 
@@ -138,16 +142,23 @@ impl Generator {
         let mut files = Vec::with_capacity(p.files.len());
         for (i, region) in p.files.iter().enumerate() {
             if region.len < max_bs {
-                return Err(WorkloadError::RegionTooSmall { file: i, bs: max_bs, len: region.len });
+                return Err(WorkloadError::RegionTooSmall {
+                    file: i,
+                    bs: max_bs,
+                    len: region.len,
+                });
             }
             let units = (region.len - p.align.min(region.len)) / p.align + 1;
             let picker = match p.distribution {
                 Distribution::Uniform if p.norandommap => Picker::Uniform,
-                Distribution::Uniform => Picker::Permutation(Permutation::new(units, rng.next_u64())),
-                Distribution::Zipf { theta } => Picker::Zipf(
-                    Zipf::new(units as f64, theta)
-                        .map_err(|e| WorkloadError::BadDistribution(format!("zipf:{theta}: {e}")))?,
-                ),
+                Distribution::Uniform => {
+                    Picker::Permutation(Permutation::new(units, rng.next_u64()))
+                }
+                Distribution::Zipf { theta } => {
+                    Picker::Zipf(Zipf::new(units as f64, theta).map_err(|e| {
+                        WorkloadError::BadDistribution(format!("zipf:{theta}: {e}"))
+                    })?)
+                }
                 Distribution::Pareto { h } => {
                     if !(h > 0.0 && h < 1.0) {
                         return Err(WorkloadError::BadDistribution(format!(
@@ -155,11 +166,18 @@ impl Generator {
                         )));
                     }
                     // fio: pow = log(h) / log(1 - h).
-                    Picker::Pareto { pow: h.ln() / (1.0 - h).ln() }
+                    Picker::Pareto {
+                        pow: h.ln() / (1.0 - h).ln(),
+                    }
                 }
                 Distribution::Normal { dev_pct } => Picker::Normal(
-                    Normal::new(units as f64 / 2.0, (dev_pct / 100.0 * units as f64).max(1.0))
-                        .map_err(|e| WorkloadError::BadDistribution(format!("normal:{dev_pct}: {e}")))?,
+                    Normal::new(
+                        units as f64 / 2.0,
+                        (dev_pct / 100.0 * units as f64).max(1.0),
+                    )
+                    .map_err(|e| {
+                        WorkloadError::BadDistribution(format!("normal:{dev_pct}: {e}"))
+                    })?,
                 ),
             };
             files.push(FileState {
@@ -212,7 +230,8 @@ impl Generator {
             Pattern::Write | Pattern::RandWrite => Direction::Write,
             Pattern::ReadWrite | Pattern::RandReadWrite => {
                 if self.read_threshold == 100
-                    || (self.read_threshold > 0 && self.rng.random_range(0..100) < self.read_threshold)
+                    || (self.read_threshold > 0
+                        && self.rng.random_range(0..100) < self.read_threshold)
                 {
                     Direction::Read
                 } else {
@@ -258,11 +277,20 @@ impl Generator {
             if self.files[fi].done {
                 continue;
             }
-            let pos = if random { self.random_pos(fi, len) } else { self.sequential_pos(fi, dir, len) };
+            let pos = if random {
+                self.random_pos(fi, len)
+            } else {
+                self.sequential_pos(fi, dir, len)
+            };
             if let Some(pos) = pos {
                 self.issued += len;
                 let f = &self.files[fi];
-                return Some(IoRequest { dir, file: fi, offset: f.region.offset + pos, len });
+                return Some(IoRequest {
+                    dir,
+                    file: fi,
+                    offset: f.region.offset + pos,
+                    len,
+                });
             }
         }
         None
@@ -352,7 +380,11 @@ impl Permutation {
         let bits = 64 - (n.max(2) - 1).leading_zeros();
         let half_bits = bits.div_ceil(2).max(1);
         let mut s = Xoshiro256PlusPlus::seed_from_u64(seed);
-        Permutation { n, half_bits, keys: [s.next_u64(), s.next_u64(), s.next_u64(), s.next_u64()] }
+        Permutation {
+            n,
+            half_bits,
+            keys: [s.next_u64(), s.next_u64(), s.next_u64(), s.next_u64()],
+        }
     }
 
     fn round(x: u64, key: u64, mask: u64) -> u64 {
@@ -421,7 +453,10 @@ mod tests {
 
     #[test]
     fn sequential_covers_every_block_in_order_then_ends() {
-        let files = vec![FileRegion { offset: 0, len: 64 << 10 }];
+        let files = vec![FileRegion {
+            offset: 0,
+            len: 64 << 10,
+        }];
         let mut g = Generator::new(params(Pattern::Read, files, 4096), 1).unwrap();
         let offs: Vec<u64> = std::iter::from_fn(|| g.next()).map(|r| r.offset).collect();
         assert_eq!(offs, (0..16).map(|i| i * 4096).collect::<Vec<_>>());
@@ -429,7 +464,10 @@ mod tests {
 
     #[test]
     fn random_map_covers_every_block_once_per_pass() {
-        let files = vec![FileRegion { offset: 8192, len: 1 << 20 }];
+        let files = vec![FileRegion {
+            offset: 8192,
+            len: 1 << 20,
+        }];
         let mut p = params(Pattern::RandWrite, files, 4096);
         p.io_limit = Some(1 << 20);
         let mut g = Generator::new(p, 7).unwrap();
@@ -443,7 +481,10 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_other_seed_other_stream() {
-        let files = vec![FileRegion { offset: 0, len: 1 << 30 }];
+        let files = vec![FileRegion {
+            offset: 0,
+            len: 1 << 30,
+        }];
         let mut p = params(Pattern::RandReadWrite, files, 4096);
         p.wrap = true;
         let take = |seed| {
@@ -456,7 +497,10 @@ mod tests {
 
     #[test]
     fn io_limit_is_exact() {
-        let files = vec![FileRegion { offset: 0, len: 1 << 20 }];
+        let files = vec![FileRegion {
+            offset: 0,
+            len: 1 << 20,
+        }];
         let mut p = params(Pattern::Write, files, 65536);
         p.io_limit = Some(100 * 1024);
         p.align = 4096;
@@ -467,14 +511,29 @@ mod tests {
 
     #[test]
     fn refuses_regions_smaller_than_a_block() {
-        let files = vec![FileRegion { offset: 0, len: 1000 }];
-        let err = Generator::new(params(Pattern::Read, files, 4096), 1).err().unwrap();
-        assert_eq!(err, WorkloadError::RegionTooSmall { file: 0, bs: 4096, len: 1000 });
+        let files = vec![FileRegion {
+            offset: 0,
+            len: 1000,
+        }];
+        let err = Generator::new(params(Pattern::Read, files, 4096), 1)
+            .err()
+            .unwrap();
+        assert_eq!(
+            err,
+            WorkloadError::RegionTooSmall {
+                file: 0,
+                bs: 4096,
+                len: 1000
+            }
+        );
     }
 
     #[test]
     fn zipf_is_skewed() {
-        let files = vec![FileRegion { offset: 0, len: 4096 * 10_000 }];
+        let files = vec![FileRegion {
+            offset: 0,
+            len: 4096 * 10_000,
+        }];
         let mut p = params(Pattern::RandRead, files, 4096);
         p.distribution = Distribution::Zipf { theta: 1.2 };
         p.wrap = true;

@@ -73,7 +73,11 @@ fn main() {
             }
         })
         .collect();
-    let wire_bytes: usize = variants.iter().map(|v| v.read.as_ref().unwrap().lat_hist.len() * 2).sum::<usize>() / 64;
+    let wire_bytes: usize = variants
+        .iter()
+        .map(|v| v.read.as_ref().unwrap().lat_hist.len() * 2)
+        .sum::<usize>()
+        / 64;
     let infos: Vec<VolumeInfo> = (0..agents)
         .flat_map(|a| {
             (0..volumes).map(move |v| VolumeInfo {
@@ -144,10 +148,14 @@ fn main() {
     let loaded = lockstep::report::read_run_dir(dir.path()).unwrap();
     let text = lockstep::report::text::render(&loaded);
     let report_s = t.elapsed().as_secs_f64();
-    let size = std::fs::metadata(dir.path().join("results.json")).unwrap().len();
+    let size = std::fs::metadata(dir.path().join("results.json"))
+        .unwrap()
+        .len();
 
     let n = (agents * volumes) as f64;
-    println!("merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread");
+    println!(
+        "merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread"
+    );
     println!("  wire size of one volume interval (2 histograms): {wire_bytes} bytes");
     println!(
         "  merge time per interval: median {:.3} s, worst {:.3} s (budget 1 s) -> {:.0} volume-intervals/s",
@@ -157,6 +165,12 @@ fn main() {
     );
     println!("  finish (volume, node, cluster summaries): {finish_s:.3} s");
     println!("  peak memory after merging: {rss_after_merge:.0} MiB");
-    println!("  writing the results directory: {write_s:.2} s; results.json {:.1} MiB", size as f64 / 1048576.0);
-    println!("  lockstep report (load results.json + render {} lines): {report_s:.3} s (budget 2 s)", text.lines().count());
+    println!(
+        "  writing the results directory: {write_s:.2} s; results.json {:.1} MiB",
+        size as f64 / 1048576.0
+    );
+    println!(
+        "  lockstep report (load results.json + render {} lines): {report_s:.3} s (budget 2 s)",
+        text.lines().count()
+    );
 }

@@ -54,8 +54,23 @@ fn default_output(plan: &Plan) -> PathBuf {
     // UTC date-time without pulling in a date crate: days since epoch to a civil date.
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     let (y, m, d) = civil_from_days(days);
-    let stamp = format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60);
-    let name: String = plan.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let stamp = format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    );
+    let name: String = plan
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     PathBuf::from("lockstep-runs").join(format!("{stamp}-{name}"))
 }
 
@@ -74,17 +89,25 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
     if dir.join("results.json").exists() {
-        bail!("{} already holds a run's results; choose another --output", dir.display());
+        bail!(
+            "{} already holds a run's results; choose another --output",
+            dir.display()
+        );
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating the results directory {}", dir.display()))
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the results directory {}", dir.display()))
 }
 
 /// Asks each agent given by address who it is (hello), for resolving the plan against it.
-async fn discover(agents: &[(String, String, std::collections::BTreeMap<String, String>)], token: Option<&str>) -> anyhow::Result<Vec<AgentInfo>> {
+async fn discover(
+    agents: &[(String, String, std::collections::BTreeMap<String, String>)],
+    token: Option<&str>,
+) -> anyhow::Result<Vec<AgentInfo>> {
     let mut out = Vec::new();
     for (name, address, plan_labels) in agents {
         let c = crate::client::connect(name, address, token).await?;
-        let mut labels: std::collections::BTreeMap<String, String> = c.hello.labels.clone().into_iter().collect();
+        let mut labels: std::collections::BTreeMap<String, String> =
+            c.hello.labels.clone().into_iter().collect();
         labels.extend(plan_labels.clone());
         out.push(AgentInfo {
             name: name.clone(),
@@ -113,10 +136,22 @@ async fn discover(agents: &[(String, String, std::collections::BTreeMap<String, 
 fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
     for f in &a.faults {
         let json = f.fault.wire_json();
-        let spec: lockstep_agent::fault::FaultSpec = serde_json::from_str(&json)
-            .map_err(|e| anyhow::anyhow!("{}:{}: {}: {e}", plan.origin.display(), f.line, f.fault.label))?;
-        lockstep_agent::fault::validate_all(std::slice::from_ref(&spec))
-            .map_err(|e| anyhow::anyhow!("{}:{}: {}: {e}", plan.origin.display(), f.line, f.fault.label))?;
+        let spec: lockstep_agent::fault::FaultSpec = serde_json::from_str(&json).map_err(|e| {
+            anyhow::anyhow!(
+                "{}:{}: {}: {e}",
+                plan.origin.display(),
+                f.line,
+                f.fault.label
+            )
+        })?;
+        lockstep_agent::fault::validate_all(std::slice::from_ref(&spec)).map_err(|e| {
+            anyhow::anyhow!(
+                "{}:{}: {}: {e}",
+                plan.origin.display(),
+                f.line,
+                f.fault.label
+            )
+        })?;
     }
     Ok(())
 }
@@ -127,7 +162,10 @@ fn model_of(v: &VolumeInfo, faults: &[crate::plan::FaultAssignment]) -> Option<V
         if f.kind == "ebs" {
             let get = |k: &str| f.spec.get(k);
             return Some(VolumeModel {
-                kind: get("volume_type").and_then(|x| x.as_str()).unwrap_or("").to_string(),
+                kind: get("volume_type")
+                    .and_then(|x| x.as_str())
+                    .unwrap_or("")
+                    .to_string(),
                 size_gib: get("size_gib").and_then(|x| x.as_f64()).unwrap_or(0.0),
                 provisioned_iops: get("provisioned_iops").and_then(|x| x.as_u64()),
                 provisioned_mib_s: get("provisioned_mib_s").and_then(|x| x.as_u64()),
@@ -150,7 +188,12 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
         phases: a
             .phases
             .iter()
-            .map(|p| PhaseSpec { name: p.name.clone(), start: p.start, duration: p.duration, measure: p.measure })
+            .map(|p| PhaseSpec {
+                name: p.name.clone(),
+                start: p.start,
+                duration: p.duration,
+                measure: p.measure,
+            })
             .collect(),
         agents: a
             .agents
@@ -216,7 +259,9 @@ pub fn forecast_before_cliff(
     opts: &AnalysisOptions,
     final_report: &chokepoint::ChokepointReport,
 ) -> Option<ForecastCheck> {
-    let Verdict::Volume(v) = &final_report.verdict else { return None };
+    let Verdict::Volume(v) = &final_report.verdict else {
+        return None;
+    };
     if v.kind != chokepoint::ChokepointKind::CreditExhaustion || v.onset_ms == 0 {
         return None;
     }
@@ -226,7 +271,10 @@ pub fn forecast_before_cliff(
         s.points.retain(|p| p.t_ms <= cut);
     }
     let r = chokepoint::analyze(&early, opts);
-    let f = r.forecasts.iter().find(|f| f.node == v.node && f.volume == v.volume)?;
+    let f = r
+        .forecasts
+        .iter()
+        .find(|f| f.node == v.node && f.volume == v.volume)?;
     let predicted = f.runs_out_at_ms?;
     Some(ForecastCheck {
         node: v.node.clone(),
@@ -241,7 +289,10 @@ pub fn forecast_before_cliff(
 /// Evaluates the plan's objectives on the results (latency from merged histograms).
 pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
     use crate::plan::{Metric, Scope};
-    let lat_value = |s: &crate::results::Summary, dir: Option<lockstep_agent::job::Direction>, m: Metric| -> Option<f64> {
+    let lat_value = |s: &crate::results::Summary,
+                     dir: Option<lockstep_agent::job::Direction>,
+                     m: Metric|
+     -> Option<f64> {
         let d = match dir {
             Some(lockstep_agent::job::Direction::Read) => &s.read,
             Some(lockstep_agent::job::Direction::Write) => &s.write,
@@ -252,7 +303,10 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
         }
         let l = d.lat_intended.as_ref().unwrap_or(&d.lat);
         Some(match m {
-            Metric::Percentile(p) => l.percentiles.get(&crate::results::percentile_key(p)).copied()? as f64,
+            Metric::Percentile(p) => l
+                .percentiles
+                .get(&crate::results::percentile_key(p))
+                .copied()? as f64,
             Metric::Mean => l.mean_ns,
             Metric::Max => l.max_ns as f64,
             _ => return None,
@@ -262,9 +316,14 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
     // Only intervals of measured phases count (the timeline also shows the warm-up).
     let measured = |t_ms: u64| {
         let mid = std::time::Duration::from_millis(t_ms.saturating_sub(r.interval_ms / 2));
-        a.phases.iter().any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
+        a.phases
+            .iter()
+            .any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
     };
-    let min_rate = |vols: &[&crate::timeline::VolumeSeries], bytes: bool, dir: Option<lockstep_agent::job::Direction>| -> Option<f64> {
+    let min_rate = |vols: &[&crate::timeline::VolumeSeries],
+                    bytes: bool,
+                    dir: Option<lockstep_agent::job::Direction>|
+     -> Option<f64> {
         let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
         for v in vols {
             for p in v.points.iter().filter(|p| measured(p.t_ms)) {
@@ -291,37 +350,61 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
         .map(|o| {
             let in_role = |role: &str| o.role.as_deref().is_none_or(|r| r == role);
             let mut failures = Vec::new();
-            let mut check = |who: String, summary: &crate::results::Summary, series: Vec<&crate::timeline::VolumeSeries>| {
-                let value = match o.metric {
-                    Metric::IopsMin => min_rate(&series, false, o.direction),
-                    Metric::MbpsMin => min_rate(&series, true, o.direction),
-                    m => lat_value(summary, o.direction, m),
+            let mut check =
+                |who: String,
+                 summary: &crate::results::Summary,
+                 series: Vec<&crate::timeline::VolumeSeries>| {
+                    let value = match o.metric {
+                        Metric::IopsMin => min_rate(&series, false, o.direction),
+                        Metric::MbpsMin => min_rate(&series, true, o.direction),
+                        m => lat_value(summary, o.direction, m),
+                    };
+                    match value {
+                        Some(v) if !o.holds(v) => {
+                            failures.push(format!("{who}: {} {}", o.metric, fmt_value(o.metric, v)))
+                        }
+                        Some(_) => {}
+                        None => {}
+                    }
                 };
-                match value {
-                    Some(v) if !o.holds(v) => failures.push(format!("{who}: {} {}", o.metric, fmt_value(o.metric, v))),
-                    Some(_) => {}
-                    None => {}
-                }
-            };
             match o.scope {
                 Scope::Volume => {
                     for v in r.volumes.iter().filter(|v| in_role(&v.role)) {
-                        let s: Vec<_> = r.timeline.volumes.iter().filter(|s| s.node == v.node && s.volume == v.volume).collect();
+                        let s: Vec<_> = r
+                            .timeline
+                            .volumes
+                            .iter()
+                            .filter(|s| s.node == v.node && s.volume == v.volume)
+                            .collect();
                         check(format!("{}/{}", v.node, v.volume), &v.summary, s);
                     }
                 }
                 Scope::Node => {
                     for n in &r.nodes {
-                        let s: Vec<_> = r.timeline.volumes.iter().filter(|s| s.node == n.node && in_role(&s.role)).collect();
+                        let s: Vec<_> = r
+                            .timeline
+                            .volumes
+                            .iter()
+                            .filter(|s| s.node == n.node && in_role(&s.role))
+                            .collect();
                         check(n.node.clone(), &n.summary, s);
                     }
                 }
                 Scope::Cluster => {
-                    let s: Vec<_> = r.timeline.volumes.iter().filter(|s| in_role(&s.role)).collect();
+                    let s: Vec<_> = r
+                        .timeline
+                        .volumes
+                        .iter()
+                        .filter(|s| in_role(&s.role))
+                        .collect();
                     check("cluster".into(), &r.cluster, s);
                 }
             }
-            ObjectiveResult { objective: o.to_string(), passed: failures.is_empty(), failures }
+            ObjectiveResult {
+                objective: o.to_string(),
+                passed: failures.is_empty(),
+                failures,
+            }
         })
         .collect()
 }
@@ -330,7 +413,10 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plan = plan::load(&args.plan)?;
     let out_dir = args.output.clone().unwrap_or_else(|| default_output(&plan));
     prepare_output_dir(&out_dir)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(run_async(args, plan, out_dir))
 }
 
@@ -340,7 +426,10 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
         let volumes_root = out_dir.join("volumes");
         if !args.json {
-            eprintln!("lockstep: starting {n} local agents, volumes under {}", volumes_root.display());
+            eprintln!(
+                "lockstep: starting {n} local agents, volumes under {}",
+                volumes_root.display()
+            );
         }
         let cluster = LocalCluster::start(n, &volumes_root, Duration::from_secs(5)).await?;
         let infos = cluster
@@ -350,7 +439,12 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
                 name: a.name.clone(),
                 address: a.address.clone(),
                 labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
-                volumes: vec![VolumeInfo { name: "data".into(), path: a.dir.clone(), kind: "local".into(), ..Default::default() }],
+                volumes: vec![VolumeInfo {
+                    name: "data".into(),
+                    path: a.dir.clone(),
+                    kind: "local".into(),
+                    ..Default::default()
+                }],
             })
             .collect();
         let token = Some(cluster.token.clone());
@@ -359,15 +453,28 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
     } else if let Some(etcd) = &args.etcd {
         // Live agents from the registry; the plan's [[agent]] list is not used.
         let endpoints = lockstep_agent::registry::parse_endpoints(etcd);
-        (crate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?, args.token.clone())
+        (
+            crate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?,
+            args.token.clone(),
+        )
     } else {
-        let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> =
-            plan.agents.iter().map(|a| (a.name.clone(), a.address.clone(), a.labels.clone())).collect();
+        let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> = plan
+            .agents
+            .iter()
+            .map(|a| (a.name.clone(), a.address.clone(), a.labels.clone()))
+            .collect();
         for (n, addr) in &args.agents {
             list.push((n.clone(), addr.clone(), Default::default()));
         }
-        anyhow::ensure!(!list.is_empty(), "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N", plan.origin.display());
-        (discover(&list, args.token.as_deref()).await?, args.token.clone())
+        anyhow::ensure!(
+            !list.is_empty(),
+            "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N",
+            plan.origin.display()
+        );
+        (
+            discover(&list, args.token.as_deref()).await?,
+            args.token.clone(),
+        )
     };
     let outcome = if crate::curve::curve_roles(&plan).is_empty() {
         run_resolved(&args, &plan, &infos, token, &out_dir).await
@@ -389,7 +496,10 @@ pub(crate) async fn run_resolved(
 ) -> anyhow::Result<ExitCode> {
     let assignment = plan::resolve(plan, infos)?;
     check_faults(plan, &assignment)?;
-    let run_id = out_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
+    let run_id = out_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "run".into());
     let spec = run_spec(&run_id, &assignment, args.keep_files, token);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -398,15 +508,24 @@ pub(crate) async fn run_resolved(
         }
     });
     let hlog_path = out_dir.join("intervals.hlog");
-    let file = std::fs::File::create(&hlog_path).with_context(|| format!("creating {}", hlog_path.display()))?;
-    let mut hlog = Some(HlogWriter::new(std::io::BufWriter::new(file), crate::client::unix_ns() / 1_000_000)?);
+    let file = std::fs::File::create(&hlog_path)
+        .with_context(|| format!("creating {}", hlog_path.display()))?;
+    let mut hlog = Some(HlogWriter::new(
+        std::io::BufWriter::new(file),
+        crate::client::unix_ns() / 1_000_000,
+    )?);
     let mut live = LiveView::new(assignment.run_length(), args.json);
     live.analysis = analysis_options(&assignment);
     if let Some(addr) = &args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-listen {addr}"))?;
         let m = std::sync::Arc::new(crate::metrics::CoordinatorMetrics::default());
         live.metrics = Some(m.clone());
-        eprintln!("lockstep: metrics on http://{}/metrics", listener.local_addr()?);
+        eprintln!(
+            "lockstep: metrics on http://{}/metrics",
+            listener.local_addr()?
+        );
         tokio::spawn(lockstep_agent::daemon::metrics::serve(listener, m));
     }
     let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
@@ -423,7 +542,8 @@ pub(crate) async fn run_resolved(
     let text = chokepoint::render_text(&analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
     let mut value = serde_json::to_value(&analysis)?;
-    let before = forecast_before_cliff(&results.timeline, &analysis_options(&assignment), &analysis);
+    let before =
+        forecast_before_cliff(&results.timeline, &analysis_options(&assignment), &analysis);
     let mut text = text;
     if let Some(b) = &before {
         text.push_str(&format!(
@@ -436,18 +556,31 @@ pub(crate) async fn run_resolved(
     }
     if let Some(o) = value.as_object_mut() {
         o.insert("text".into(), serde_json::Value::String(text));
-        o.insert("forecast_before_cliff".into(), serde_json::to_value(&before)?);
+        o.insert(
+            "forecast_before_cliff".into(),
+            serde_json::to_value(&before)?,
+        );
     }
     results.chokepoint = Some(value);
     if !results.faults.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
-        let entries = crate::hlog::read(&hlog_path).context("reading intervals.hlog for the drill report")?;
-        let d = crate::drill::analyze(&entries, &results.timeline, &results.faults, &Default::default());
+        let entries =
+            crate::hlog::read(&hlog_path).context("reading intervals.hlog for the drill report")?;
+        let d = crate::drill::analyze(
+            &entries,
+            &results.timeline,
+            &results.faults,
+            &Default::default(),
+        );
         results.drill = Some(d);
     }
-    report::write_run_dir(out_dir, &results).with_context(|| format!("writing results to {}", out_dir.display()))?;
+    report::write_run_dir(out_dir, &results)
+        .with_context(|| format!("writing results to {}", out_dir.display()))?;
     let fio = report::fio::document(&results, &output.finals);
-    report::write_atomically(&out_dir.join("fio.json"), serde_json::to_string_pretty(&fio)?.as_bytes())?;
+    report::write_atomically(
+        &out_dir.join("fio.json"),
+        serde_json::to_string_pretty(&fio)?.as_bytes(),
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
@@ -475,7 +608,11 @@ pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", report::text::render(&r));
     }
-    Ok(if r.objectives_failed() || r.verify_failed() { ExitCode::from(EXIT_OBJECTIVE) } else { ExitCode::SUCCESS })
+    Ok(if r.objectives_failed() || r.verify_failed() {
+        ExitCode::from(EXIT_OBJECTIVE)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[cfg(test)]

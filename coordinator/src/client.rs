@@ -16,11 +16,23 @@ use crate::clock::{self, ClockEstimate, Probe};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("agent '{agent}' at {address}: cannot connect: {detail}")]
-    Connect { agent: String, address: String, detail: String },
+    Connect {
+        agent: String,
+        address: String,
+        detail: String,
+    },
     #[error("agent '{agent}' at {address}: {message}")]
-    Call { agent: String, address: String, message: String },
+    Call {
+        agent: String,
+        address: String,
+        message: String,
+    },
     #[error("agent '{agent}' at {address}: {0}", .message)]
-    Version { agent: String, address: String, message: String },
+    Version {
+        agent: String,
+        address: String,
+        message: String,
+    },
 }
 
 /// Adds the shared token to every call.
@@ -50,9 +62,14 @@ struct ClientTls {
 /// Dial every agent over mutual TLS with these files: the coordinator's certificate and key,
 /// and the CA the agents' certificates must chain to. The agent's certificate must be issued
 /// for its *name* (as `lockstep certs` does), whatever address it is reached at.
-pub fn use_tls(files: &lockstep_agent::daemon::tls::TlsFiles) -> Result<(), lockstep_agent::daemon::tls::TlsError> {
+pub fn use_tls(
+    files: &lockstep_agent::daemon::tls::TlsFiles,
+) -> Result<(), lockstep_agent::daemon::tls::TlsError> {
     let (cert, key, ca) = files.read()?;
-    let _ = TLS.set(ClientTls { ca: Certificate::from_pem(ca), identity: Identity::from_pem(cert, key) });
+    let _ = TLS.set(ClientTls {
+        ca: Certificate::from_pem(ca),
+        identity: Identity::from_pem(cert, key),
+    });
     Ok(())
 }
 
@@ -64,7 +81,10 @@ pub fn tls_enabled() -> bool {
 pub type Client = AgentClient<tonic::service::interceptor::InterceptedService<Channel, Token>>;
 
 pub fn unix_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// A connected, version-checked agent.
@@ -81,14 +101,29 @@ fn call_err(agent: &str, address: &str, s: tonic::Status) -> ClientError {
             "refused the token (give the agent's token with --token or LOCKSTEP_TOKEN)".to_string()
         }
         tonic::Code::Unavailable => {
-            format!("unreachable ({})", explain(s.message().to_string(), std::error::Error::source(&s), agent, TLS.get().is_some()))
+            format!(
+                "unreachable ({})",
+                explain(
+                    s.message().to_string(),
+                    std::error::Error::source(&s),
+                    agent,
+                    TLS.get().is_some()
+                )
+            )
         }
-        tonic::Code::Unknown | tonic::Code::Cancelled => {
-            explain(s.message().to_string(), std::error::Error::source(&s), agent, TLS.get().is_some())
-        }
+        tonic::Code::Unknown | tonic::Code::Cancelled => explain(
+            s.message().to_string(),
+            std::error::Error::source(&s),
+            agent,
+            TLS.get().is_some(),
+        ),
         _ => s.message().to_string(),
     };
-    ClientError::Call { agent: agent.into(), address: address.into(), message }
+    ClientError::Call {
+        agent: agent.into(),
+        address: address.into(),
+        message,
+    }
 }
 
 /// Why a connection failed, from the innermost errors (tonic's own says only "transport
@@ -99,7 +134,12 @@ fn connect_detail(e: &tonic::transport::Error, name: &str, tls: bool) -> String 
 
 /// `first`, then every distinct message of the `source` chain, and a hint when it looks like
 /// a failed TLS handshake (a broken pipe or a cancelled call right after connecting).
-fn explain(first: String, source: Option<&(dyn std::error::Error + 'static)>, name: &str, tls: bool) -> String {
+fn explain(
+    first: String,
+    source: Option<&(dyn std::error::Error + 'static)>,
+    name: &str,
+    tls: bool,
+) -> String {
     let mut chain = vec![first];
     let mut cur = source;
     while let Some(c) = cur {
@@ -111,17 +151,29 @@ fn explain(first: String, source: Option<&(dyn std::error::Error + 'static)>, na
     }
     let text = chain.join(": ");
     let lower = text.to_lowercase();
-    let handshake =
-        ["certificate", "tls", "handshake", "alert", "frame", "connection reset", "broken pipe", "unexpected eof", "canceled", "h2 protocol"]
-        .iter()
-        .any(|w| lower.contains(w));
+    let handshake = [
+        "certificate",
+        "tls",
+        "handshake",
+        "alert",
+        "frame",
+        "connection reset",
+        "broken pipe",
+        "unexpected eof",
+        "canceled",
+        "h2 protocol",
+    ]
+    .iter()
+    .any(|w| lower.contains(w));
     if tls && handshake {
         format!(
             "{text} (mutual TLS failed: the agent's certificate must be issued for the name '{name}' by the CA of --tls-ca, \
              and this coordinator's by the CA the agent trusts)"
         )
     } else if !tls && handshake {
-        format!("{text} (if the agent requires mutual TLS, give --tls-cert, --tls-key and --tls-ca)")
+        format!(
+            "{text} (if the agent requires mutual TLS, give --tls-cert, --tls-key and --tls-ca)"
+        )
     } else {
         text
     }
@@ -129,7 +181,11 @@ fn explain(first: String, source: Option<&(dyn std::error::Error + 'static)>, na
 
 /// Connects with keepalive pings (a paused or dead agent is noticed within seconds even when no
 /// interval is due) and says hello; a version mismatch is a refusal naming both versions.
-pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<Connected, ClientError> {
+pub async fn connect(
+    name: &str,
+    address: &str,
+    token: Option<&str>,
+) -> Result<Connected, ClientError> {
     let tls = TLS.get();
     let url = match (address.contains("://"), tls) {
         (true, _) => address.to_string(),
@@ -144,7 +200,10 @@ pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<C
     let mut endpoint = Endpoint::from_shared(url).map_err(connect_err)?;
     if let Some(t) = tls {
         // The agent must prove it is `name`, not merely someone the CA signed for.
-        let cfg = ClientTlsConfig::new().ca_certificate(t.ca.clone()).identity(t.identity.clone()).domain_name(name);
+        let cfg = ClientTlsConfig::new()
+            .ca_certificate(t.ca.clone())
+            .identity(t.identity.clone())
+            .domain_name(name);
         endpoint = endpoint.tls_config(cfg).map_err(connect_err)?;
     }
     let channel = endpoint
@@ -157,8 +216,8 @@ pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<C
         .await
         .map_err(connect_err)?;
     let token = Token(token.and_then(|t| MetadataValue::try_from(format!("Bearer {t}")).ok()));
-    let mut client = AgentClient::with_interceptor(channel, token)
-        .max_decoding_message_size(256 << 20);
+    let mut client =
+        AgentClient::with_interceptor(channel, token).max_decoding_message_size(256 << 20);
     let hello = client
         .hello(HelloRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -166,8 +225,14 @@ pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<C
         })
         .await
         .map_err(|s| {
-            if s.code() == tonic::Code::FailedPrecondition && s.message().contains("protocol version") {
-                ClientError::Version { agent: name.into(), address: address.into(), message: s.message().into() }
+            if s.code() == tonic::Code::FailedPrecondition
+                && s.message().contains("protocol version")
+            {
+                ClientError::Version {
+                    agent: name.into(),
+                    address: address.into(),
+                    message: s.message().into(),
+                }
             } else {
                 call_err(name, address, s)
             }
@@ -180,7 +245,12 @@ pub async fn connect(name: &str, address: &str, token: Option<&str>) -> Result<C
             message: version_mismatch(PROTOCOL_VERSION, hello.protocol_version, "coordinator"),
         });
     }
-    Ok(Connected { name: name.into(), address: address.into(), client, hello })
+    Ok(Connected {
+        name: name.into(),
+        address: address.into(),
+        client,
+        hello,
+    })
 }
 
 impl Connected {
@@ -191,12 +261,18 @@ impl Connected {
             let t0 = unix_ns();
             let r = self
                 .client
-                .clock_probe(ClockProbeRequest { protocol_version: PROTOCOL_VERSION })
+                .clock_probe(ClockProbeRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                })
                 .await
                 .map_err(|s| call_err(&self.name, &self.address, s))?
                 .into_inner();
             let t1 = unix_ns();
-            probes.push(Probe { t0, agent_ns: r.agent_unix_ns, t1 });
+            probes.push(Probe {
+                t0,
+                agent_ns: r.agent_unix_ns,
+                t1,
+            });
         }
         Ok(clock::estimate(&probes).expect("at least one probe"))
     }

@@ -38,7 +38,10 @@ impl ClockEstimate {
 
 /// The lowest-round-trip estimate, or None without probes.
 pub fn estimate(probes: &[Probe]) -> Option<ClockEstimate> {
-    let best = probes.iter().filter(|p| p.t1 >= p.t0).min_by_key(|p| p.t1 - p.t0)?;
+    let best = probes
+        .iter()
+        .filter(|p| p.t1 >= p.t0)
+        .min_by_key(|p| p.t1 - p.t0)?;
     Some(ClockEstimate {
         offset_ns: best.agent_ns - (best.t0 + (best.t1 - best.t0) / 2),
         rtt_ns: best.t1 - best.t0,
@@ -61,8 +64,16 @@ mod tests {
     #[test]
     fn keeps_the_lowest_round_trip() {
         let probes = [
-            Probe { t0: 0, agent_ns: 5_000 + 900, t1: 2_000 },
-            Probe { t0: 10_000, agent_ns: 10_000 + 5_000 + 100, t1: 10_200 },
+            Probe {
+                t0: 0,
+                agent_ns: 5_000 + 900,
+                t1: 2_000,
+            },
+            Probe {
+                t0: 10_000,
+                agent_ns: 10_000 + 5_000 + 100,
+                t1: 10_200,
+            },
         ];
         let e = estimate(&probes).unwrap();
         assert_eq!(e.rtt_ns, 200);

@@ -17,17 +17,42 @@ pub struct HlogWriter<W: Write> {
 
 impl<W: Write> HlogWriter<W> {
     pub fn new(mut out: W, start_unix_ms: i64) -> io::Result<Self> {
-        writeln!(out, "#[lockstep raw interval histograms: latency in ns, one line per volume, direction, interval]")?;
-        writeln!(out, "#[StartTime: {:.3} (seconds since epoch)]", start_unix_ms as f64 / 1000.0)?;
-        writeln!(out, "#[BaseTime: {:.3} (seconds since epoch)]", start_unix_ms as f64 / 1000.0)?;
-        writeln!(out, "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"")?;
+        writeln!(
+            out,
+            "#[lockstep raw interval histograms: latency in ns, one line per volume, direction, interval]"
+        )?;
+        writeln!(
+            out,
+            "#[StartTime: {:.3} (seconds since epoch)]",
+            start_unix_ms as f64 / 1000.0
+        )?;
+        writeln!(
+            out,
+            "#[BaseTime: {:.3} (seconds since epoch)]",
+            start_unix_ms as f64 / 1000.0
+        )?;
+        writeln!(
+            out,
+            "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\""
+        )?;
         Ok(HlogWriter { out })
     }
 
     /// One histogram as received (`bytes` is V2+deflate); `max_ns` for the max column.
-    pub fn write(&mut self, tag: &str, start_s: f64, len_s: f64, max_ns: u64, bytes: &[u8]) -> io::Result<()> {
+    pub fn write(
+        &mut self,
+        tag: &str,
+        start_s: f64,
+        len_s: f64,
+        max_ns: u64,
+        bytes: &[u8],
+    ) -> io::Result<()> {
         let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-        writeln!(self.out, "Tag={tag},{start_s:.3},{len_s:.3},{:.3},{b64}", max_ns as f64 / 1e6)
+        writeln!(
+            self.out,
+            "Tag={tag},{start_s:.3},{len_s:.3},{:.3},{b64}",
+            max_ns as f64 / 1e6
+        )
     }
 
     pub fn into_inner(self) -> W {
@@ -46,7 +71,11 @@ pub struct LogEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum HlogError {
     #[error("{path}:{line}: {message}")]
-    Parse { path: String, line: usize, message: String },
+    Parse {
+        path: String,
+        line: usize,
+        message: String,
+    },
     #[error("{path}: {source}")]
     Io { path: String, source: io::Error },
 }
@@ -55,12 +84,24 @@ pub enum HlogError {
 /// recompute results from the raw histograms).
 pub fn read(path: &std::path::Path) -> Result<Vec<LogEntry>, HlogError> {
     let p = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|source| HlogError::Io { path: p.clone(), source })?;
+    let f = std::fs::File::open(path).map_err(|source| HlogError::Io {
+        path: p.clone(),
+        source,
+    })?;
     let mut out = Vec::new();
     for (i, line) in io::BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|source| HlogError::Io { path: p.clone(), source })?;
-        let err = |message: String| HlogError::Parse { path: p.clone(), line: i + 1, message };
-        let Some(rest) = line.strip_prefix("Tag=") else { continue };
+        let line = line.map_err(|source| HlogError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let err = |message: String| HlogError::Parse {
+            path: p.clone(),
+            line: i + 1,
+            message,
+        };
+        let Some(rest) = line.strip_prefix("Tag=") else {
+            continue;
+        };
         let parts: Vec<&str> = rest.splitn(5, ',').collect();
         if parts.len() != 5 {
             return Err(err("expected Tag=...,start,length,max,histogram".into()));
@@ -70,7 +111,12 @@ pub fn read(path: &std::path::Path) -> Result<Vec<LogEntry>, HlogError> {
             .decode(parts[4])
             .map_err(|e| err(format!("base64: {e}")))?;
         let histogram = SparseHistogram::decode(&bytes).map_err(|e| err(e.to_string()))?;
-        out.push(LogEntry { tag: parts[0].to_string(), start_s: num(parts[1])?, len_s: num(parts[2])?, histogram });
+        out.push(LogEntry {
+            tag: parts[0].to_string(),
+            start_s: num(parts[1])?,
+            len_s: num(parts[2])?,
+            histogram,
+        });
     }
     Ok(out)
 }
@@ -89,13 +135,18 @@ mod tests {
         let bytes = lockstep_proto::histogram::encode(&h).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.hlog");
-        let mut w = HlogWriter::new(std::fs::File::create(&path).unwrap(), 1_700_000_000_000).unwrap();
-        w.write("a/data/read/lat", 0.0, 1.0, h.max(), &bytes).unwrap();
+        let mut w =
+            HlogWriter::new(std::fs::File::create(&path).unwrap(), 1_700_000_000_000).unwrap();
+        w.write("a/data/read/lat", 0.0, 1.0, h.max(), &bytes)
+            .unwrap();
         drop(w);
         let entries = read(&path).unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].tag, "a/data/read/lat");
-        assert_eq!(entries[0].histogram.value_at_quantile(0.5), h.value_at_quantile(0.5));
+        assert_eq!(
+            entries[0].histogram.value_at_quantile(0.5),
+            h.value_at_quantile(0.5)
+        );
         std::fs::write(&path, "Tag=x,1,2\n").unwrap();
         let e = read(&path).err().unwrap().to_string();
         assert!(e.contains("x.hlog:1"), "{e}");

@@ -22,8 +22,8 @@
 //! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
-pub mod chokepoint;
 pub mod certs;
+pub mod chokepoint;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -33,8 +33,10 @@ impl LiveView {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let b = ProgressBar::new(total.as_secs().max(1));
             b.set_style(
-                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len}s {msg}")
-                    .expect("static template"),
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:25} {pos}/{len}s {msg}",
+                )
+                .expect("static template"),
             );
             b
         });
@@ -71,7 +73,11 @@ impl LiveView {
 fn worst_volume(merger: &Merger) -> Option<(String, f64)> {
     merger
         .series()
-        .filter_map(|s| s.points.last().map(|p| (format!("{}/{}", s.node, s.volume), p.lat_p99_us)))
+        .filter_map(|s| {
+            s.points
+                .last()
+                .map(|p| (format!("{}/{}", s.node, s.volume), p.lat_p99_us))
+        })
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
@@ -81,7 +87,10 @@ impl RunObserver for LiveView {
     }
 
     fn phase_started(&mut self, name: &str, duration: Duration, _measured: bool) {
-        self.say(&format!("lockstep: {name}: started, {:.0} s", duration.as_secs_f64()));
+        self.say(&format!(
+            "lockstep: {name}: started, {:.0} s",
+            duration.as_secs_f64()
+        ));
     }
 
     fn tick(&mut self, merger: &Merger, elapsed: Duration) {
@@ -89,12 +98,20 @@ impl RunObserver for LiveView {
             m.update(merger);
         }
         // The newest interval may still be arriving; show the one before it.
-        let Some(latest) = merger.latest_index() else { return };
-        let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else { return };
+        let Some(latest) = merger.latest_index() else {
+            return;
+        };
+        let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else {
+            return;
+        };
         if self.last_suspect.elapsed() > Duration::from_secs(5) {
             self.last_suspect = Instant::now();
             let report = chokepoint::analyze(&merger.timeline(), &self.analysis);
-            self.suspect = chokepoint::render_text(&report).lines().next().unwrap_or_default().to_string();
+            self.suspect = chokepoint::render_text(&report)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string();
         }
         let worst = worst_volume(merger)
             .map(|(v, p99)| format!(" | worst {v} p99 {:.2} ms", p99 / 1000.0))
@@ -108,7 +125,11 @@ impl RunObserver for LiveView {
         match &self.bar {
             Some(b) => {
                 b.set_position(elapsed.as_secs().min(self.total.as_secs()));
-                let suspect = if self.suspect.is_empty() { String::new() } else { format!("\n  {}", self.suspect) };
+                let suspect = if self.suspect.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n  {}", self.suspect)
+                };
                 b.set_message(format!("{msg}{suspect}"));
             }
             None if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) => {

@@ -14,10 +14,15 @@ use tokio::process::{Child, Command};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    #[error("cannot find the lockstep-agent binary next to {0} (build it with `cargo build --release`, or set LOCKSTEP_AGENT_BIN)")]
+    #[error(
+        "cannot find the lockstep-agent binary next to {0} (build it with `cargo build --release`, or set LOCKSTEP_AGENT_BIN)"
+    )]
     NoAgentBinary(PathBuf),
     #[error("creating {path}: {source}")]
-    Dir { path: PathBuf, source: std::io::Error },
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("starting local agent {name}: {message}")]
     Spawn { name: String, message: String },
 }
@@ -69,7 +74,10 @@ impl LocalCluster {
         for i in 1..=n {
             let name = format!("agent-{i}");
             let dir = root.join(&name);
-            std::fs::create_dir_all(&dir).map_err(|source| LocalError::Dir { path: dir.clone(), source })?;
+            std::fs::create_dir_all(&dir).map_err(|source| LocalError::Dir {
+                path: dir.clone(),
+                source,
+            })?;
             let mut child = Command::new(&bin)
                 .arg("serve")
                 .args(["--listen", "127.0.0.1:0", "--name", &name])
@@ -83,24 +91,48 @@ impl LocalCluster {
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
                 .spawn()
-                .map_err(|e| LocalError::Spawn { name: name.clone(), message: format!("{}: {e}", bin.display()) })?;
+                .map_err(|e| LocalError::Spawn {
+                    name: name.clone(),
+                    message: format!("{}: {e}", bin.display()),
+                })?;
             let stdout = child.stdout.take().expect("piped stdout");
             let mut lines = BufReader::new(stdout).lines();
             let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
                 .await
-                .map_err(|_| LocalError::Spawn { name: name.clone(), message: "did not report its address within 10 s".into() })?
-                .map_err(|e| LocalError::Spawn { name: name.clone(), message: e.to_string() })?
-                .ok_or_else(|| LocalError::Spawn { name: name.clone(), message: "exited before listening".into() })?;
+                .map_err(|_| LocalError::Spawn {
+                    name: name.clone(),
+                    message: "did not report its address within 10 s".into(),
+                })?
+                .map_err(|e| LocalError::Spawn {
+                    name: name.clone(),
+                    message: e.to_string(),
+                })?
+                .ok_or_else(|| LocalError::Spawn {
+                    name: name.clone(),
+                    message: "exited before listening".into(),
+                })?;
             let address = line
                 .strip_prefix("listening on ")
-                .ok_or_else(|| LocalError::Spawn { name: name.clone(), message: format!("unexpected output '{line}'") })?
+                .ok_or_else(|| LocalError::Spawn {
+                    name: name.clone(),
+                    message: format!("unexpected output '{line}'"),
+                })?
                 .trim()
                 .to_string();
             // Keep draining stdout so the child never blocks on a full pipe.
             tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            agents.push(LocalAgent { name, address, dir, child });
+            agents.push(LocalAgent {
+                name,
+                address,
+                dir,
+                child,
+            });
         }
-        Ok(LocalCluster { agents, token, root: root.to_path_buf() })
+        Ok(LocalCluster {
+            agents,
+            token,
+            root: root.to_path_buf(),
+        })
     }
 
     /// Kills agent `name` (for tests and demos of a lost agent).
@@ -111,7 +143,10 @@ impl LocalCluster {
     }
 
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.agents.iter().find(|a| a.name == name).and_then(|a| a.child.id())
+        self.agents
+            .iter()
+            .find(|a| a.name == name)
+            .and_then(|a| a.child.id())
     }
 
     /// Stops every agent and removes the volume directories.

@@ -43,7 +43,12 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         metrics_listen: Option<String>,
         /// Take the agents from the etcd registry (plans select them by label).
-        #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]", conflicts_with = "local")]
+        #[arg(
+            long,
+            env = "LOCKSTEP_ETCD",
+            value_name = "URL[,URL...]",
+            conflicts_with = "local"
+        )]
         etcd: Option<String>,
         /// The registry's key prefix in etcd.
         #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
@@ -148,7 +153,11 @@ impl TlsArgs {
 
 fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
     let secs = s.strip_suffix('s').unwrap_or(s);
-    secs.parse::<f64>().ok().filter(|x| *x >= 1.0).map(std::time::Duration::from_secs_f64).ok_or_else(|| format!("expected seconds (at least 1), e.g. 3s, got '{s}'"))
+    secs.parse::<f64>()
+        .ok()
+        .filter(|x| *x >= 1.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("expected seconds (at least 1), e.g. 3s, got '{s}'"))
 }
 
 fn parse_agent(s: &str) -> Result<(String, String), String> {
@@ -196,9 +205,25 @@ fn main() -> ExitCode {
             })
         }),
         Command::Report { dir, json } => cli::report_command(&dir, json),
-        Command::Agents { etcd, etcd_prefix, json } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
-        Command::Certs { out, agents, coordinators } => lockstep::certs::certs_command(&out, &agents, &coordinators),
-        Command::Coordinator { etcd, etcd_prefix, name, runs_dir, leader_ttl, token, tls } => tls.apply().and_then(|()| {
+        Command::Agents {
+            etcd,
+            etcd_prefix,
+            json,
+        } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
+        Command::Certs {
+            out,
+            agents,
+            coordinators,
+        } => lockstep::certs::certs_command(&out, &agents, &coordinators),
+        Command::Coordinator {
+            etcd,
+            etcd_prefix,
+            name,
+            runs_dir,
+            leader_ttl,
+            token,
+            tls,
+        } => tls.apply().and_then(|()| {
             lockstep::leader::coordinator_command(lockstep::leader::CoordinatorOptions {
                 endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
                 prefix: etcd_prefix,
@@ -208,12 +233,26 @@ fn main() -> ExitCode {
                 token,
             })
         }),
-        Command::Submit { plan, etcd, etcd_prefix, wait } => {
-            lockstep::leader::submit_command(&lockstep_agent::registry::parse_endpoints(&etcd), &etcd_prefix, &plan, wait)
-        }
-        Command::Runs { etcd, etcd_prefix, json } => {
-            lockstep::leader::runs_command(&lockstep_agent::registry::parse_endpoints(&etcd), &etcd_prefix, json)
-        }
+        Command::Submit {
+            plan,
+            etcd,
+            etcd_prefix,
+            wait,
+        } => lockstep::leader::submit_command(
+            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &etcd_prefix,
+            &plan,
+            wait,
+        ),
+        Command::Runs {
+            etcd,
+            etcd_prefix,
+            json,
+        } => lockstep::leader::runs_command(
+            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &etcd_prefix,
+            json,
+        ),
     };
     result.unwrap_or_else(|e| {
         eprintln!("lockstep: error: {e:#}");

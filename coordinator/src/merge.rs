@@ -16,10 +16,21 @@ use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
-    #[error("agent '{agent}' sent interval {index} for volume '{volume}', which has no work in this run")]
-    UnknownVolume { agent: String, volume: String, index: u64 },
+    #[error(
+        "agent '{agent}' sent interval {index} for volume '{volume}', which has no work in this run"
+    )]
+    UnknownVolume {
+        agent: String,
+        volume: String,
+        index: u64,
+    },
     #[error("agent '{agent}', volume '{volume}', interval {index}: {source}")]
-    Histogram { agent: String, volume: String, index: u64, source: HistogramCodecError },
+    Histogram {
+        agent: String,
+        volume: String,
+        index: u64,
+        source: HistogramCodecError,
+    },
 }
 
 /// What a volume is in this run (from the plan), registered before its intervals arrive.
@@ -41,7 +52,10 @@ struct DirAcc {
     lat_intended: Option<SparseHistogram>,
 }
 
-fn merge_into(slot: &mut Option<SparseHistogram>, h: &SparseHistogram) -> Result<(), HistogramCodecError> {
+fn merge_into(
+    slot: &mut Option<SparseHistogram>,
+    h: &SparseHistogram,
+) -> Result<(), HistogramCodecError> {
     match slot {
         Some(s) => s.merge(h),
         None => {
@@ -66,7 +80,13 @@ impl DirAcc {
     }
 
     fn summary(&self, seconds: f64) -> DirSummary {
-        let rate = |x: u64| if seconds > 0.0 { x as f64 / seconds } else { 0.0 };
+        let rate = |x: u64| {
+            if seconds > 0.0 {
+                x as f64 / seconds
+            } else {
+                0.0
+            }
+        };
         DirSummary {
             ios: self.ios,
             bytes: self.bytes,
@@ -80,9 +100,15 @@ impl DirAcc {
 }
 
 fn decode_dir(d: Option<&DirInterval>) -> Result<DirAcc, HistogramCodecError> {
-    let Some(d) = d else { return Ok(DirAcc::default()) };
+    let Some(d) = d else {
+        return Ok(DirAcc::default());
+    };
     let h = |b: &[u8]| -> Result<Option<SparseHistogram>, HistogramCodecError> {
-        if b.is_empty() { Ok(None) } else { SparseHistogram::decode(b).map(Some) }
+        if b.is_empty() {
+            Ok(None)
+        } else {
+            SparseHistogram::decode(b).map(Some)
+        }
     };
     Ok(DirAcc {
         ios: d.ios,
@@ -99,7 +125,11 @@ type Dirs = [DirAcc; 2];
 fn summarize(d: &Dirs, seconds: f64) -> Result<Summary, HistogramCodecError> {
     let mut total = d[0].clone();
     total.add(&d[1])?;
-    Ok(Summary { read: d[0].summary(seconds), write: d[1].summary(seconds), total: total.summary(seconds) })
+    Ok(Summary {
+        read: d[0].summary(seconds),
+        write: d[1].summary(seconds),
+        total: total.summary(seconds),
+    })
 }
 
 struct VolumeAcc {
@@ -177,7 +207,10 @@ impl Merger {
         let mut index = HashMap::new();
         let mut accs = Vec::new();
         for v in volumes {
-            index.entry(v.node.clone()).or_insert_with(Vec::new).push((v.volume.clone(), accs.len()));
+            index
+                .entry(v.node.clone())
+                .or_insert_with(Vec::new)
+                .push((v.volume.clone(), accs.len()));
             accs.push(VolumeAcc {
                 series: VolumeSeries {
                     node: v.node.clone(),
@@ -194,7 +227,14 @@ impl Merger {
                 intervals: 0,
             });
         }
-        Merger { interval_ms, index, volumes: accs, cluster: BTreeMap::new(), newest: None, closed_below: 0 }
+        Merger {
+            interval_ms,
+            index,
+            volumes: accs,
+            cluster: BTreeMap::new(),
+            newest: None,
+            closed_below: 0,
+        }
     }
 
     /// Takes one volume's interval `index` from `agent` (it ends at (index + 1) x interval
@@ -215,12 +255,17 @@ impl Merger {
             index,
             source,
         };
-        let vix = self.lookup(agent, &vi.volume).ok_or_else(|| MergeError::UnknownVolume {
-            agent: agent.into(),
-            volume: vi.volume.clone(),
-            index,
-        })?;
-        let dirs: Dirs = [decode_dir(vi.read.as_ref()).map_err(err)?, decode_dir(vi.write.as_ref()).map_err(err)?];
+        let vix = self
+            .lookup(agent, &vi.volume)
+            .ok_or_else(|| MergeError::UnknownVolume {
+                agent: agent.into(),
+                volume: vi.volume.clone(),
+                index,
+            })?;
+        let dirs: Dirs = [
+            decode_dir(vi.read.as_ref()).map_err(err)?,
+            decode_dir(vi.write.as_ref()).map_err(err)?,
+        ];
         // Both directions together, for the point (walked together, never built).
         let parts: Vec<&SparseHistogram> = dirs.iter().filter_map(judged).collect();
         let u = SparseHistogram::union_stats(&parts, &[0.5, 0.99]);
@@ -261,7 +306,10 @@ impl Merger {
         // Intervals two behind the newest are complete: close them into the sparse form.
         if self.newest.is_none_or(|n| index > n) {
             self.newest = Some(index);
-            for (_, c) in self.cluster.range_mut(self.closed_below..index.saturating_sub(1)) {
+            for (_, c) in self
+                .cluster
+                .range_mut(self.closed_below..index.saturating_sub(1))
+            {
                 c.close();
             }
             self.closed_below = self.closed_below.max(index.saturating_sub(1));
@@ -270,7 +318,11 @@ impl Merger {
     }
 
     fn lookup(&self, agent: &str, volume: &str) -> Option<usize> {
-        self.index.get(agent)?.iter().find(|(v, _)| v == volume).map(|&(_, i)| i)
+        self.index
+            .get(agent)?
+            .iter()
+            .find(|(v, _)| v == volume)
+            .map(|&(_, i)| i)
     }
 
     /// Marks every volume of `agent` lost at `at_ms` (its later intervals are missing).
@@ -285,7 +337,10 @@ impl Merger {
         self.cluster.get(&index).map(|c| {
             let secs = (c.len_ms.max(1)) as f64 / 1000.0;
             let h = c.histogram();
-            let q = |q: f64| h.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0);
+            let q = |q: f64| {
+                h.as_ref()
+                    .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0)
+            };
             ClusterPoint {
                 t_ms: c.t_ms,
                 iops: c.ios as f64 / secs,
@@ -335,7 +390,11 @@ impl Merger {
                 role: v.series.role.clone(),
                 model: v.series.model.clone(),
                 summary: summarize(&v.total, secs)?,
-                outstanding_mean: if v.intervals > 0 { v.outstanding_sum / v.intervals as f64 } else { 0.0 },
+                outstanding_mean: if v.intervals > 0 {
+                    v.outstanding_sum / v.intervals as f64
+                } else {
+                    0.0
+                },
                 configured_depth: v.series.configured_depth,
                 lost_at_ms: v.series.lost_at_ms,
             });
@@ -347,10 +406,24 @@ impl Merger {
         }
         let nodes = nodes
             .into_iter()
-            .map(|(node, d)| Ok(NodeResult { node: node.to_string(), summary: summarize(&d, seconds)? }))
+            .map(|(node, d)| {
+                Ok(NodeResult {
+                    node: node.to_string(),
+                    summary: summarize(&d, seconds)?,
+                })
+            })
             .collect::<Result<Vec<_>, HistogramCodecError>>()?;
-        let cluster_timeline = self.cluster.keys().filter_map(|&k| self.cluster_point(k)).collect();
-        Ok(Finished { cluster: summarize(&cluster, seconds)?, nodes, volumes, cluster_timeline })
+        let cluster_timeline = self
+            .cluster
+            .keys()
+            .filter_map(|&k| self.cluster_point(k))
+            .collect();
+        Ok(Finished {
+            cluster: summarize(&cluster, seconds)?,
+            nodes,
+            volumes,
+            cluster_timeline,
+        })
     }
 
     /// Per-volume total histograms of the judged latency (read and write merged), for checks.
@@ -406,7 +479,13 @@ mod tests {
     }
 
     fn info(node: &str) -> VolumeInfo {
-        VolumeInfo { node: node.into(), volume: "data".into(), role: "r".into(), model: None, target_iops: None }
+        VolumeInfo {
+            node: node.into(),
+            volume: "data".into(),
+            role: "r".into(),
+            model: None,
+            target_iops: None,
+        }
     }
 
     #[test]
@@ -415,7 +494,8 @@ mod tests {
         // a: 99 fast IOs; b: 1 slow IO. Averaging the two volumes' p99s would give ~50 ms.
         let fast: Vec<u64> = vec![100_000; 99];
         m.ingest("a", 0, 1000, &vi("data", &fast), true).unwrap();
-        m.ingest("b", 0, 1000, &vi("data", &[100_000_000]), true).unwrap();
+        m.ingest("b", 0, 1000, &vi("data", &[100_000_000]), true)
+            .unwrap();
         let f = m.finish(1.0).unwrap();
         let mut all = fast.clone();
         all.push(100_000_000);
@@ -431,14 +511,18 @@ mod tests {
     #[test]
     fn unknown_volumes_are_refused_by_name() {
         let mut m = Merger::new(1000, &[info("a")]);
-        let e = m.ingest("a", 3, 1000, &vi("logs", &[1]), true).unwrap_err().to_string();
+        let e = m
+            .ingest("a", 3, 1000, &vi("logs", &[1]), true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'logs'") && e.contains("'a'"), "{e}");
     }
 
     #[test]
     fn lost_volumes_keep_their_data_and_the_time() {
         let mut m = Merger::new(1000, &[info("a")]);
-        m.ingest("a", 0, 1000, &vi("data", &[1000, 2000]), true).unwrap();
+        m.ingest("a", 0, 1000, &vi("data", &[1000, 2000]), true)
+            .unwrap();
         // A warm-up interval is on the timeline but not in the results.
         m.ingest("a", 1, 1000, &vi("data", &[5000]), false).unwrap();
         m.mark_lost("a", 1500);

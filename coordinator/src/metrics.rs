@@ -44,17 +44,41 @@ impl Default for CoordinatorMetrics {
             volume_p99: Family::default(),
             lost_volumes: Gauge::default(),
         };
-        registry.register("run_state", "0 preparing, 1 running, 2 finished", m.state.clone());
-        registry.register("cluster_iops", "Cluster IOPS in the latest complete interval", m.cluster_iops.clone());
-        registry.register("cluster_bytes_per_second", "Cluster throughput in the latest complete interval", m.cluster_bytes.clone());
+        registry.register(
+            "run_state",
+            "0 preparing, 1 running, 2 finished",
+            m.state.clone(),
+        );
+        registry.register(
+            "cluster_iops",
+            "Cluster IOPS in the latest complete interval",
+            m.cluster_iops.clone(),
+        );
+        registry.register(
+            "cluster_bytes_per_second",
+            "Cluster throughput in the latest complete interval",
+            m.cluster_bytes.clone(),
+        );
         registry.register(
             "cluster_latency_p99_seconds",
             "Cluster p99 latency (merged histograms) in the latest complete interval",
             m.cluster_p99.clone(),
         );
-        registry.register("volume_iops", "Volume IOPS in its latest interval", m.volume_iops.clone());
-        registry.register("volume_latency_p99_seconds", "Volume p99 latency in its latest interval", m.volume_p99.clone());
-        registry.register("lost_volumes", "Volumes whose agent was lost", m.lost_volumes.clone());
+        registry.register(
+            "volume_iops",
+            "Volume IOPS in its latest interval",
+            m.volume_iops.clone(),
+        );
+        registry.register(
+            "volume_latency_p99_seconds",
+            "Volume p99 latency in its latest interval",
+            m.volume_p99.clone(),
+        );
+        registry.register(
+            "lost_volumes",
+            "Volumes whose agent was lost",
+            m.lost_volumes.clone(),
+        );
         CoordinatorMetrics { registry, ..m }
     }
 }
@@ -62,7 +86,10 @@ impl Default for CoordinatorMetrics {
 impl CoordinatorMetrics {
     pub fn update(&self, merger: &Merger) {
         self.state.set(1);
-        if let Some(c) = merger.latest_index().and_then(|i| merger.cluster_point(i.saturating_sub(1))) {
+        if let Some(c) = merger
+            .latest_index()
+            .and_then(|i| merger.cluster_point(i.saturating_sub(1)))
+        {
             self.cluster_iops.set(c.iops);
             self.cluster_bytes.set(c.bytes_per_sec);
             self.cluster_p99.set(c.lat_p99_us / 1e6);
@@ -73,7 +100,10 @@ impl CoordinatorMetrics {
                 lost += 1;
             }
             if let Some(p) = s.points.last() {
-                let l = VolumeLabels { node: s.node.clone(), volume: s.volume.clone() };
+                let l = VolumeLabels {
+                    node: s.node.clone(),
+                    volume: s.volume.clone(),
+                };
                 self.volume_iops.get_or_create(&l).set(p.iops());
                 self.volume_p99.get_or_create(&l).set(p.lat_p99_us / 1e6);
             }

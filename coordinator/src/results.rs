@@ -46,12 +46,24 @@ impl LatSummary {
             stdev_ns: h.stdev(),
             percentiles: PERCENTILES
                 .iter()
-                .map(|&p| (percentile_key(p), if h.is_empty() { 0 } else { h.value_at_percentile(p) }))
+                .map(|&p| {
+                    (
+                        percentile_key(p),
+                        if h.is_empty() {
+                            0
+                        } else {
+                            h.value_at_percentile(p)
+                        },
+                    )
+                })
                 .collect(),
         }
     }
     pub fn p(&self, p: f64) -> u64 {
-        self.percentiles.get(&percentile_key(p)).copied().unwrap_or(0)
+        self.percentiles
+            .get(&percentile_key(p))
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -86,7 +86,10 @@ pub enum RunError {
     #[error("agent '{agent}' could not start: {message}")]
     Start { agent: String, message: String },
     #[error("writing {what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 enum Ev {
@@ -183,16 +186,31 @@ pub async fn execute(
     let run_start_ns = client::unix_ns();
     let measured_start_skew;
 
-    let total = spec.phases.iter().map(|p| p.start + p.duration).max().unwrap_or_default();
+    let total = spec
+        .phases
+        .iter()
+        .map(|p| p.start + p.duration)
+        .max()
+        .unwrap_or_default();
     let measured = |index: u64| {
         let mid = Duration::from_millis(index * interval_ms + interval_ms / 2);
-        spec.phases.iter().any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
+        spec.phases
+            .iter()
+            .any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
     };
     {
-        let phase = PhaseSpec { name: "run".into(), start: Duration::ZERO, duration: total, measure: true };
+        let phase = PhaseSpec {
+            name: "run".into(),
+            start: Duration::ZERO,
+            duration: total,
+            measure: true,
+        };
         let live: Vec<usize> = (0..agents.len()).collect();
         // Prepare everywhere (lays out files); any refusal aborts the others.
-        observer.message(&format!("preparing {} agents (laying out files)", live.len()));
+        observer.message(&format!(
+            "preparing {} agents (laying out files)",
+            live.len()
+        ));
         let run_id = spec.run_id.clone();
         let mut prepared = Vec::new();
         let mut refusal = None;
@@ -209,7 +227,10 @@ pub async fn execute(
                         .map(|v| {
                             let mut overrides: std::collections::HashMap<String, String> =
                                 v.overrides.clone().into_iter().collect();
-                            overrides.insert("runtime".into(), format!("{}ms", phase.duration.as_millis()));
+                            overrides.insert(
+                                "runtime".into(),
+                                format!("{}ms", phase.duration.as_millis()),
+                            );
                             overrides.insert("time_based".into(), "1".into());
                             WireVolumeWork {
                                 volume: v.volume.clone(),
@@ -244,12 +265,23 @@ pub async fn execute(
             }
         }
         if let Some(e) = refusal {
-            abort_all(&agents, &prepared, &run_id, "another agent refused the work").await;
+            abort_all(
+                &agents,
+                &prepared,
+                &run_id,
+                "another agent refused the work",
+            )
+            .await;
             return Err(e);
         }
 
         // One start instant for everyone, far enough ahead for the Start calls to arrive.
-        let lead = Duration::from_millis(std::env::var("LOCKSTEP_LEAD_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(300)) + Duration::from_nanos(worst_rtt.max(0) as u64 * 4);
+        let lead = Duration::from_millis(
+            std::env::var("LOCKSTEP_LEAD_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(300),
+        ) + Duration::from_nanos(worst_rtt.max(0) as u64 * 4);
         let start_ns = client::unix_ns() + lead.as_nanos() as i64;
         let (tx, mut rx) = mpsc::channel::<Ev>(4096);
         for &i in &prepared {
@@ -274,7 +306,12 @@ pub async fn execute(
                             }
                         }
                         Some(Err(s)) => {
-                            let _ = tx.send(Ev::Ended(i, Some(format!("{}: {}", code_name(s.code()), s.message())))).await;
+                            let _ = tx
+                                .send(Ev::Ended(
+                                    i,
+                                    Some(format!("{}: {}", code_name(s.code()), s.message())),
+                                ))
+                                .await;
                             return;
                         }
                         None => {
@@ -407,7 +444,10 @@ pub async fn execute(
             .iter()
             .filter(|p| p.measure)
             .map(|p| {
-                let (s, e) = (p.start.as_millis() as u64, (p.start + p.duration).as_millis() as u64);
+                let (s, e) = (
+                    p.start.as_millis() as u64,
+                    (p.start + p.duration).as_millis() as u64,
+                );
                 e.min(if aborted { ran_ms } else { e }).saturating_sub(s)
             })
             .sum();
@@ -425,12 +465,15 @@ pub async fn execute(
     }
 
     let seconds = (measured_ms as f64 / 1000.0).max(1e-3);
-    let finished = merger
-        .finish(seconds)
-        .map_err(|e| RunError::Io { what: "merged results".into(), source: std::io::Error::other(e.to_string()) })?;
+    let finished = merger.finish(seconds).map_err(|e| RunError::Io {
+        what: "merged results".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     let mut timeline = merger.timeline();
     timeline.faults = faults.clone();
-    let any_lost = agents.iter().any(|a| !matches!(a.state, AgentState::Finished));
+    let any_lost = agents
+        .iter()
+        .any(|a| !matches!(a.state, AgentState::Finished));
     let status = if aborted {
         RunStatus::Aborted
     } else if any_lost {
@@ -443,7 +486,10 @@ pub async fn execute(
     for v in &finished.volumes {
         // Little's law: a closed-loop volume whose queue stays well below its configured depth
         // is held back by the load generator, not the storage.
-        if v.configured_depth > 0 && v.outstanding_mean > 0.0 && v.outstanding_mean < 0.7 * v.configured_depth as f64 {
+        if v.configured_depth > 0
+            && v.outstanding_mean > 0.0
+            && v.outstanding_mean < 0.7 * v.configured_depth as f64
+        {
             warnings.push(format!(
                 "{}/{}: {:.1} IOs in flight on average against a configured depth of {}: the load generator, not the volume, limited this volume (Little's law)",
                 v.node, v.volume, v.outstanding_mean, v.configured_depth
@@ -456,7 +502,10 @@ pub async fn execute(
         plan: spec.plan_name.clone(),
         status,
         status_reason,
-        start_unix_ms: phases.iter().find(|p| p.measured).map_or(run_start_ns / 1_000_000, |p| p.start_unix_ms),
+        start_unix_ms: phases
+            .iter()
+            .find(|p| p.measured)
+            .map_or(run_start_ns / 1_000_000, |p| p.start_unix_ms),
         duration_ms: measured_ms,
         interval_ms,
         phases,
@@ -516,8 +565,16 @@ fn write_hlog(
             if bytes.is_empty() {
                 continue;
             }
-            let max = lockstep_proto::histogram::SparseHistogram::decode(bytes).map(|s| s.max()).unwrap_or(0);
-            h.write(&format!("{node}/{}/{name}/{kind}", v.volume), start_s, len_s, max, bytes)?;
+            let max = lockstep_proto::histogram::SparseHistogram::decode(bytes)
+                .map(|s| s.max())
+                .unwrap_or(0);
+            h.write(
+                &format!("{node}/{}/{name}/{kind}", v.volume),
+                start_s,
+                len_s,
+                max,
+                bytes,
+            )?;
         }
     }
     Ok(())
@@ -526,7 +583,11 @@ fn write_hlog(
 async fn abort_all(agents: &[AgentRun], which: &[usize], run_id: &str, reason: &str) {
     let calls = which.iter().map(|&i| {
         let mut c = agents[i].conn.client.clone();
-        let req = AbortRequest { protocol_version: PROTOCOL_VERSION, run_id: run_id.into(), reason: reason.into() };
+        let req = AbortRequest {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: run_id.into(),
+            reason: reason.into(),
+        };
         async move {
             let _ = tokio::time::timeout(Duration::from_secs(3), c.abort(req)).await;
         }

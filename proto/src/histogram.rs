@@ -15,7 +15,9 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer}
 pub enum HistogramCodecError {
     #[error("could not encode a latency histogram: {0}")]
     Encode(String),
-    #[error("could not decode a latency histogram from the wire (corrupt or from another version): {0}")]
+    #[error(
+        "could not decode a latency histogram from the wire (corrupt or from another version): {0}"
+    )]
     Decode(String),
 }
 
@@ -37,7 +39,6 @@ pub fn decode(bytes: &[u8]) -> Result<Option<Histogram<u64>>, HistogramCodecErro
         .map(Some)
         .map_err(|e| HistogramCodecError::Decode(format!("{e:?}")))
 }
-
 
 /// HdrHistogram's bucket geometry, derived from (lowest discernible value, significant digits)
 /// exactly as the hdrhistogram crate derives it, so indexes mean the same values on both sides.
@@ -109,7 +110,11 @@ pub struct SparseHistogram {
 
 impl SparseHistogram {
     pub fn empty(geometry: Geometry) -> Self {
-        SparseHistogram { geometry, buckets: Vec::new(), total: 0 }
+        SparseHistogram {
+            geometry,
+            buckets: Vec::new(),
+            total: 0,
+        }
     }
 
     /// Decodes a V2 or V2+deflate histogram without building the dense form.
@@ -131,7 +136,9 @@ impl SparseHistogram {
             V2_COOKIE => bytes,
             V2_COMPRESSED_COOKIE => {
                 let len = be32(bytes, 4)? as usize;
-                let body = bytes.get(8..8 + len).ok_or_else(|| bad("truncated payload"))?;
+                let body = bytes
+                    .get(8..8 + len)
+                    .ok_or_else(|| bad("truncated payload"))?;
                 let mut out = Vec::with_capacity(len * 4);
                 std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(body), &mut out)
                     .map_err(|e| bad(&format!("inflate: {e}")))?;
@@ -151,7 +158,9 @@ impl SparseHistogram {
         let low = be64(v2, 16)?;
         let high = be64(v2, 24)?;
         let geometry = Geometry::new(low, high, sigfig)?;
-        let payload = v2.get(40..40 + payload_len).ok_or_else(|| bad("truncated counts"))?;
+        let payload = v2
+            .get(40..40 + payload_len)
+            .ok_or_else(|| bad("truncated counts"))?;
         let mut buckets = Vec::with_capacity(payload.len() / 2);
         let mut total = 0u64;
         let mut index: i64 = 0;
@@ -173,7 +182,11 @@ impl SparseHistogram {
                 return Err(bad("counts array too long"));
             }
         }
-        Ok(SparseHistogram { geometry, buckets, total })
+        Ok(SparseHistogram {
+            geometry,
+            buckets,
+            total,
+        })
     }
 
     pub fn from_dense(h: &Histogram<u64>) -> Self {
@@ -238,7 +251,11 @@ impl SparseHistogram {
             self.total += other.total;
             if !new.is_empty() {
                 let total = self.total;
-                let added = SparseHistogram { geometry: self.geometry, buckets: new, total: 0 };
+                let added = SparseHistogram {
+                    geometry: self.geometry,
+                    buckets: new,
+                    total: 0,
+                };
                 self.merge_sorted(&added);
                 self.total = total;
             }
@@ -324,17 +341,31 @@ impl SparseHistogram {
                 total += c;
             }
         }
-        SparseHistogram { geometry, buckets, total }
+        SparseHistogram {
+            geometry,
+            buckets,
+            total,
+        }
     }
 
     /// Quantiles, mean and max of the union of several histograms of one geometry, without
     /// building it (for per-interval figures of read and write together). `qs` ascending.
     pub fn union_stats(parts: &[&SparseHistogram], qs: &[f64]) -> UnionStats {
         let total: u64 = parts.iter().map(|p| p.total).sum();
-        let mut out = UnionStats { count: total, quantiles: vec![0; qs.len()], mean: 0.0, max: 0 };
-        let Some(g) = parts.iter().find(|p| p.total > 0).map(|p| p.geometry) else { return out };
+        let mut out = UnionStats {
+            count: total,
+            quantiles: vec![0; qs.len()],
+            mean: 0.0,
+            max: 0,
+        };
+        let Some(g) = parts.iter().find(|p| p.total > 0).map(|p| p.geometry) else {
+            return out;
+        };
         let mut pos = vec![0usize; parts.len()];
-        let targets: Vec<u64> = qs.iter().map(|&q| ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1)).collect();
+        let targets: Vec<u64> = qs
+            .iter()
+            .map(|&q| ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1))
+            .collect();
         let (mut acc, mut next_q, mut sum) = (0u64, 0usize, 0f64);
         loop {
             // The smallest current bucket index over the parts, with its summed count.
@@ -359,8 +390,11 @@ impl SparseHistogram {
             acc += c;
             sum += g.median_equivalent(idx) as f64 * c as f64;
             while next_q < qs.len() && acc >= targets[next_q] {
-                out.quantiles[next_q] =
-                    if qs[next_q] == 0.0 { g.lowest_equivalent(idx) } else { g.highest_equivalent(idx) };
+                out.quantiles[next_q] = if qs[next_q] == 0.0 {
+                    g.lowest_equivalent(idx)
+                } else {
+                    g.highest_equivalent(idx)
+                };
                 next_q += 1;
             }
             out.max = g.highest_equivalent(idx);
@@ -396,10 +430,14 @@ impl SparseHistogram {
     }
 
     pub fn min(&self) -> u64 {
-        self.buckets.first().map_or(0, |&(i, _)| self.geometry.lowest_equivalent(i))
+        self.buckets
+            .first()
+            .map_or(0, |&(i, _)| self.geometry.lowest_equivalent(i))
     }
     pub fn max(&self) -> u64 {
-        self.buckets.last().map_or(0, |&(i, _)| self.geometry.highest_equivalent(i))
+        self.buckets
+            .last()
+            .map_or(0, |&(i, _)| self.geometry.highest_equivalent(i))
     }
     pub fn mean(&self) -> f64 {
         if self.total == 0 {

@@ -33,14 +33,19 @@ pub fn bin(name: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("{name} is not built: run `cargo build --workspace --bins` first (the README's test command does)");
+    panic!(
+        "{name} is not built: run `cargo build --workspace --bins` first (the README's test command does)"
+    );
 }
 
 /// A scratch directory on the disk the repository is on (never tmpfs).
 pub fn scratch() -> tempfile::TempDir {
     let base = target_dir().join("e2e-scratch");
     std::fs::create_dir_all(&base).expect("creating the scratch base");
-    tempfile::Builder::new().prefix("t-").tempdir_in(base).expect("scratch dir")
+    tempfile::Builder::new()
+        .prefix("t-")
+        .tempdir_in(base)
+        .expect("scratch dir")
 }
 
 /// A child process killed on drop.
@@ -79,8 +84,13 @@ pub fn start_agent(name: &str, dir: &Path, extra: &[&str]) -> (Proc, String) {
         .expect("spawning lockstep-agent");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
-    out.read_line(&mut line).expect("reading the agent's address");
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected agent output: {line}")).to_string();
+    out.read_line(&mut line)
+        .expect("reading the agent's address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected agent output: {line}"))
+        .to_string();
     std::thread::spawn(move || {
         let mut sink = String::new();
         while out.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
@@ -110,7 +120,11 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 /// A free TCP port on 127.0.0.1 (bound, then released: for servers such as etcd that need a
 /// fixed port on their command line).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0").local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("binding 127.0.0.1:0")
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A real etcd server (Debian's etcd-server) on free loopback ports, in a scratch data
@@ -124,7 +138,11 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start() -> Etcd {
-        let found = Command::new("etcd").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let found = Command::new("etcd")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         assert!(
             found.is_ok_and(|s| s.success()),
             "etcd is not installed: run scripts/setup.sh (apt-get install etcd-server etcd-client)"
@@ -141,8 +159,20 @@ impl Etcd {
             let child = Command::new("etcd")
                 .arg("--data-dir")
                 .arg(&data)
-                .args(["--name", "test", "--listen-client-urls", &url, "--advertise-client-urls", &url])
-                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                .args([
+                    "--name",
+                    "test",
+                    "--listen-client-urls",
+                    &url,
+                    "--advertise-client-urls",
+                    &url,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
                 .args(["--initial-cluster", &format!("test={peer_url}")])
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -162,10 +192,17 @@ impl Etcd {
                     .is_ok_and(|s| s.success())
             });
             if up && p.0.try_wait().ok().flatten().is_none() {
-                return Etcd { url, _proc: p, _dir: dir };
+                return Etcd {
+                    url,
+                    _proc: p,
+                    _dir: dir,
+                };
             }
             let _ = p.0.kill();
         }
-        panic!("etcd did not start: see the etcd-*.log files under {}", dir.path().display());
+        panic!(
+            "etcd did not start: see the etcd-*.log files under {}",
+            dir.path().display()
+        );
     }
 }

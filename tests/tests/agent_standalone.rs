@@ -19,7 +19,11 @@ fn run(jobfile: &Path, dir: &Path, extra: &[&str]) -> std::process::Output {
 
 fn json(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!("not JSON ({e}): stdout {} stderr {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+        panic!(
+            "not JSON ({e}): stdout {} stderr {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
     })
 }
 
@@ -47,39 +51,75 @@ fn direct_io_uring_randread_produces_fio_json_and_cleans_up() {
     let read = &j["read"];
     assert!(read["iops"].as_f64().unwrap() > 0.0);
     assert!(read["total_ios"].as_u64().unwrap() > 0);
-    assert_eq!(read["io_bytes"].as_u64().unwrap(), read["total_ios"].as_u64().unwrap() * 4096);
+    assert_eq!(
+        read["io_bytes"].as_u64().unwrap(),
+        read["total_ios"].as_u64().unwrap() * 4096
+    );
     assert!(read["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
     assert_eq!(j["write"]["total_ios"].as_u64().unwrap(), 0);
     // The file it laid out is gone; only the job file is left.
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("j.fio")]);
 }
 
 #[test]
 fn the_seed_job_files_run_unmodified_apart_from_size() {
     let dir = scratch();
-    for (file, size) in [("agent/tests/jobs/hadoop-randread.fio", "64m"), ("agent/tests/jobs/hadoop-randwrite.fio", "64m")] {
+    for (file, size) in [
+        ("agent/tests/jobs/hadoop-randread.fio", "64m"),
+        ("agent/tests/jobs/hadoop-randwrite.fio", "64m"),
+    ] {
         // The appendix jobs name /ebs0: point them at the scratch directory and scale them
         // down, as the issue allows ("unmodified apart from size").
         let o = run(
             &repo(file),
             dir.path(),
-            &["--set", &format!("directory={}", dir.path().display()), "--set", &format!("size={size}"), "--set", "bs=1m"],
+            &[
+                "--set",
+                &format!("directory={}", dir.path().display()),
+                "--set",
+                &format!("size={size}"),
+                "--set",
+                "bs=1m",
+            ],
         );
-        assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let v = json(&o);
-        let ios: u64 = ["read", "write"].iter().map(|d| v["jobs"][0][d]["total_ios"].as_u64().unwrap()).sum();
+        let ios: u64 = ["read", "write"]
+            .iter()
+            .map(|d| v["jobs"][0][d]["total_ios"].as_u64().unwrap())
+            .sum();
         assert_eq!(ios, 64, "{file}: one pass of 64 MiB in 1 MiB blocks");
     }
-    for file in ["examples/jobs/alteryx-randrw.fio", "examples/jobs/alteryx-seqwrite.fio"] {
-        let o = run(&repo(file), dir.path(), &["--set", "size=32m", "--set", "runtime=2"]);
-        assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
+    for file in [
+        "examples/jobs/alteryx-randrw.fio",
+        "examples/jobs/alteryx-seqwrite.fio",
+    ] {
+        let o = run(
+            &repo(file),
+            dir.path(),
+            &["--set", "size=32m", "--set", "runtime=2"],
+        );
+        assert!(
+            o.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let v = json(&o);
         let bytes: u64 = v["jobs"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|j| j["read"]["io_bytes"].as_u64().unwrap() + j["write"]["io_bytes"].as_u64().unwrap())
+            .map(|j| {
+                j["read"]["io_bytes"].as_u64().unwrap() + j["write"]["io_bytes"].as_u64().unwrap()
+            })
             .sum();
         assert!(bytes > 0, "{file}");
     }
@@ -88,13 +128,20 @@ fn the_seed_job_files_run_unmodified_apart_from_size() {
 #[test]
 fn null_engine_and_verify_run_clean() {
     let dir = scratch();
-    let o = run(&repo("examples/jobs/null-4k.fio"), dir.path(), &["--set", "runtime=1"]);
+    let o = run(
+        &repo("examples/jobs/null-4k.fio"),
+        dir.path(),
+        &["--set", "runtime=1"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(json(&o)["jobs"][0]["read"]["iops"].as_f64().unwrap() > 10_000.0);
     let job = dir.path().join("v.fio");
     std::fs::write(
         &job,
-        format!("[v]\ndirectory={}\nrw=randwrite\nbs=4k\nsize=4m\nverify=crc32c\nioengine=psync\n", dir.path().display()),
+        format!(
+            "[v]\ndirectory={}\nrw=randwrite\nbs=4k\nsize=4m\nverify=crc32c\nioengine=psync\n",
+            dir.path().display()
+        ),
     )
     .unwrap();
     let o = run(&job, dir.path(), &[]);
@@ -106,22 +153,40 @@ fn null_engine_and_verify_run_clean() {
 fn bad_input_is_refused_with_file_line_and_option_before_any_io() {
     let dir = scratch();
     let job = dir.path().join("bad.fio");
-    std::fs::write(&job, format!("[global]\ndirectory={}\n\n[j]\nrw=randread\niodepth_batch=4\nsize=4m\n", dir.path().display())).unwrap();
+    std::fs::write(
+        &job,
+        format!(
+            "[global]\ndirectory={}\n\n[j]\nrw=randread\niodepth_batch=4\nsize=4m\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
     let o = run(&job, dir.path(), &[]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("bad.fio:6") && err.contains("iodepth_batch"), "{err}");
+    assert!(
+        err.contains("bad.fio:6") && err.contains("iodepth_batch"),
+        "{err}"
+    );
     // Nothing was written next to the job file.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 
     let job = dir.path().join("missing.fio");
-    std::fs::write(&job, "[j]\ndirectory=/nonexistent/lockstep-dir\nrw=read\nsize=1m\n").unwrap();
+    std::fs::write(
+        &job,
+        "[j]\ndirectory=/nonexistent/lockstep-dir\nrw=read\nsize=1m\n",
+    )
+    .unwrap();
     let o = run(&job, dir.path(), &[]);
     assert_ne!(o.status.code(), Some(0));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("/nonexistent/lockstep-dir"), "{err}");
 
-    let o = run(&repo("examples/jobs/null-4k.fio"), dir.path(), &["--set", "bs=4q"]);
+    let o = run(
+        &repo("examples/jobs/null-4k.fio"),
+        dir.path(),
+        &["--set", "bs=4q"],
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--set bs=4q"));
 }

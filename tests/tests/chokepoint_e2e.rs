@@ -67,16 +67,28 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
     // The onset is where the credits of a full bucket run out at the IOPS it did before:
     // 5.4M / 300 credits / (IOPS - 180 refill).
     let timeline = read_json(&out.join("timeline.json"));
-    let series = timeline["volumes"].as_array().unwrap().iter().find(|s| s["node"] == "agent-4").unwrap().clone();
+    let series = timeline["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["node"] == "agent-4")
+        .unwrap()
+        .clone();
     let onset_ms = v["onset_ms"].as_u64().unwrap();
     let before: Vec<f64> = series["points"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|p| p["t_ms"].as_u64().unwrap() + 1000 < onset_ms)
-        .map(|p| (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0 / p["len_ms"].as_u64().unwrap() as f64)
+        .map(|p| {
+            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
+                / p["len_ms"].as_u64().unwrap() as f64
+        })
         .collect();
-    assert!(before.len() >= 3, "too few intervals before the onset at {onset_ms} ms");
+    assert!(
+        before.len() >= 3,
+        "too few intervals before the onset at {onset_ms} ms"
+    );
     let demand = before.iter().sum::<f64>() / before.len() as f64;
     let predicted_ms = 5.4e6 / 300.0 / (demand - 180.0) * 1000.0;
     assert!(
@@ -89,14 +101,23 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         .unwrap()
         .iter()
         .filter(|p| p["t_ms"].as_u64().unwrap() > onset_ms + 2000)
-        .map(|p| (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0 / p["len_ms"].as_u64().unwrap() as f64)
+        .map(|p| {
+            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
+                / p["len_ms"].as_u64().unwrap() as f64
+        })
         .collect();
     let mean_after = after.iter().sum::<f64>() / after.len() as f64;
-    assert!((mean_after - 180.0).abs() < 18.0, "{mean_after} IOPS after the onset");
+    assert!(
+        (mean_after - 180.0).abs() < 18.0,
+        "{mean_after} IOPS after the onset"
+    );
     // The forecast made before the cliff was within 10% of the actual onset.
     let f = &c["forecast_before_cliff"];
     let err = f["error_pct"].as_f64().unwrap_or(f64::NAN);
     assert!(err.abs() <= 10.0, "{f}");
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
-    assert!(text.contains("node agent-4, volume data (60 GiB gp2)") && text.contains("burst credits"), "{text}");
+    assert!(
+        text.contains("node agent-4, volume data (60 GiB gp2)") && text.contains("burst credits"),
+        "{text}"
+    );
 }

@@ -73,7 +73,11 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
         }
     }
     for v in vols {
-        let key = format!("{}/{}", v["node"].as_str().unwrap(), v["volume"].as_str().unwrap());
+        let key = format!(
+            "{}/{}",
+            v["node"].as_str().unwrap(),
+            v["volume"].as_str().unwrap()
+        );
         let h = &per[&key];
         let lat = &v["summary"]["read"]["lat"];
         assert_eq!(lat["n"].as_u64().unwrap(), h.len(), "{key}");
@@ -84,10 +88,21 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
         assert!(v["summary"]["read"]["iops"].as_f64().unwrap() > 0.0);
     }
     let c = cluster.unwrap();
-    assert_eq!(r["cluster"]["read"]["lat"]["percentiles"]["99.000000"].as_u64().unwrap(), c.value_at_percentile(99.0));
+    assert_eq!(
+        r["cluster"]["read"]["lat"]["percentiles"]["99.000000"]
+            .as_u64()
+            .unwrap(),
+        c.value_at_percentile(99.0)
+    );
     // The start skew is measured and reported, with each agent's clock offset.
     assert!(r["start_skew_ns"].as_i64().is_some());
-    assert!(r["agents"].as_array().unwrap().iter().all(|a| a["clock"]["rtt_ns"].as_i64().unwrap() > 0));
+    assert!(
+        r["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["clock"]["rtt_ns"].as_i64().unwrap() > 0)
+    );
     // fio-compatible export: one client_stats entry per agent job and "All clients".
     let fio = read_json(&out.join("fio.json"));
     let cs = fio["client_stats"].as_array().unwrap();
@@ -102,7 +117,11 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     // The local volumes were removed with the agents.
     assert!(!out.join("volumes").exists());
     // `lockstep report` re-renders the run.
-    let o = Command::new(bin("lockstep")).arg("report").arg(&out).output().unwrap();
+    let o = Command::new(bin("lockstep"))
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).contains("agent-3/data"));
 }
@@ -129,7 +148,11 @@ fn an_agent_killed_mid_run_is_reported_lost_and_the_others_finish() {
         addrs.push(a);
     }
     let names = ["a1", "a2", "a3"];
-    let list: Vec<(&str, &str)> = names.iter().copied().zip(addrs.iter().map(String::as_str)).collect();
+    let list: Vec<(&str, &str)> = names
+        .iter()
+        .copied()
+        .zip(addrs.iter().map(String::as_str))
+        .collect();
     let plan = write_plan(dir.path(), &agents_plan(&list, "8s"));
     let out = dir.path().join("run");
     let run = Proc(
@@ -158,7 +181,13 @@ fn an_agent_killed_mid_run_is_reported_lost_and_the_others_finish() {
         let a = agents.iter().find(|a| a["name"] == n).unwrap();
         assert_eq!(a["state"]["state"], "finished", "{a}");
     }
-    let v2 = r["volumes"].as_array().unwrap().iter().find(|v| v["node"] == "a2").unwrap().clone();
+    let v2 = r["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == "a2")
+        .unwrap()
+        .clone();
     assert_eq!(v2["lost_at_ms"].as_u64(), Some(at));
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
     assert!(text.contains("LOST"), "{text}");
@@ -173,7 +202,14 @@ fn ctrl_c_aborts_every_agent_and_keeps_partial_results() {
     let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "60s"));
     let out = dir.path().join("run");
     let mut run = Proc(
-        Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(&out).stdout(Stdio::null()).spawn().unwrap(),
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(&plan)
+            .arg("--output")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
     );
     std::thread::sleep(Duration::from_secs(4));
     run.signal(libc::SIGINT);
@@ -184,7 +220,10 @@ fn ctrl_c_aborts_every_agent_and_keeps_partial_results() {
     assert!(r["volumes"][0]["summary"]["read"]["ios"].as_u64().unwrap() > 0);
     assert!(r["duration_ms"].as_u64().unwrap() < 20_000);
     // The agent stopped its IO and removed its files.
-    assert!(wait_for(Duration::from_secs(5), || std::fs::read_dir(&d).unwrap().next().is_none()));
+    assert!(wait_for(Duration::from_secs(5), || std::fs::read_dir(&d)
+        .unwrap()
+        .next()
+        .is_none()));
 }
 
 #[test]
@@ -196,22 +235,45 @@ fn an_agent_that_loses_its_coordinator_stops_its_io_after_the_grace_period() {
     let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "120s"));
     let out = dir.path().join("run");
     let mut run = Proc(
-        Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(&out).stdout(Stdio::null()).spawn().unwrap(),
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(&plan)
+            .arg("--output")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
     );
     // Running: the agent's work file exists.
-    assert!(wait_for(Duration::from_secs(10), || std::fs::read_dir(&d).unwrap().next().is_some()));
+    assert!(wait_for(Duration::from_secs(10), || std::fs::read_dir(&d)
+        .unwrap()
+        .next()
+        .is_some()));
     std::thread::sleep(Duration::from_secs(2));
     run.signal(libc::SIGKILL);
     let _ = run.0.wait();
     // Keepalive notices within ~4 s, then 1 s of grace: the run stops and its files go.
     assert!(
-        wait_for(Duration::from_secs(15), || std::fs::read_dir(&d).unwrap().next().is_none()),
+        wait_for(Duration::from_secs(15), || std::fs::read_dir(&d)
+            .unwrap()
+            .next()
+            .is_none()),
         "the agent kept running without a coordinator"
     );
     // And it is idle again: a new coordinator may use it.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let idle = wait_for(Duration::from_secs(5), || {
-        rt.block_on(async { lockstep::client::connect("a1", &addr, None).await.unwrap().hello.busy_with_run.is_empty() })
+        rt.block_on(async {
+            lockstep::client::connect("a1", &addr, None)
+                .await
+                .unwrap()
+                .hello
+                .busy_with_run
+                .is_empty()
+        })
     });
     assert!(idle, "the agent still claims a run after stopping it");
 }
@@ -223,12 +285,21 @@ fn wrong_token_and_bad_plans_are_refused_before_any_io() {
     std::fs::create_dir_all(&d).unwrap();
     let (_agent, addr) = start_agent("a1", &d, &["--token", "s3cret"]);
     let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "5s"));
-    let o = Command::new(bin("lockstep")).arg("run").arg(&plan).arg("--output").arg(dir.path().join("r1")).output().unwrap();
+    let o = Command::new(bin("lockstep"))
+        .arg("run")
+        .arg(&plan)
+        .arg("--output")
+        .arg(dir.path().join("r1"))
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("token"), "{err}");
     // An unknown volume in the plan names the plan line.
-    let bad = agents_plan(&[("a1", &addr)], "5s").replace("[[role]]\nname = \"w\"\n", "[[role]]\nname = \"w\"\nvolumes = [\"nope\"]\n");
+    let bad = agents_plan(&[("a1", &addr)], "5s").replace(
+        "[[role]]\nname = \"w\"\n",
+        "[[role]]\nname = \"w\"\nvolumes = [\"nope\"]\n",
+    );
     let plan = write_plan(dir.path(), &bad);
     let o = Command::new(bin("lockstep"))
         .arg("run")
@@ -240,13 +311,20 @@ fn wrong_token_and_bad_plans_are_refused_before_any_io() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("plan.toml:") && err.contains("nope"), "{err}");
-    assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "files were created despite the refusal");
+    assert!(
+        std::fs::read_dir(&d).unwrap().next().is_none(),
+        "files were created despite the refusal"
+    );
 }
 
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
@@ -281,8 +359,11 @@ fn agent_and_coordinator_serve_prometheus_metrics() {
     let mut coord_text = String::new();
     let seen = wait_for(Duration::from_secs(10), || {
         agent_text = http_get(&agent_metrics, "/metrics");
-        coord_text = std::net::TcpStream::connect(&coord_metrics).map(|_| http_get(&coord_metrics, "/metrics")).unwrap_or_default();
-        agent_text.contains("lockstep_agent_run_state 2") && coord_text.contains("lockstep_run_state 1")
+        coord_text = std::net::TcpStream::connect(&coord_metrics)
+            .map(|_| http_get(&coord_metrics, "/metrics"))
+            .unwrap_or_default();
+        agent_text.contains("lockstep_agent_run_state 2")
+            && coord_text.contains("lockstep_run_state 1")
     });
     assert!(seen, "agent:\n{agent_text}\ncoordinator:\n{coord_text}");
     assert!(run.0.wait().unwrap().success());
@@ -290,10 +371,15 @@ fn agent_and_coordinator_serve_prometheus_metrics() {
     let text = http_get(&agent_metrics, "/metrics");
     let ios = text
         .lines()
-        .find(|l| l.starts_with("lockstep_agent_volume_ios_total{") && l.contains("direction=\"read\""))
+        .find(|l| {
+            l.starts_with("lockstep_agent_volume_ios_total{") && l.contains("direction=\"read\"")
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(ios > 0.0, "{text}");
-    assert!(text.contains("lockstep_agent_volume_latency_seconds_bucket"), "{text}");
+    assert!(
+        text.contains("lockstep_agent_volume_latency_seconds_bucket"),
+        "{text}"
+    );
 }

@@ -43,11 +43,20 @@ fn run(dir: &Path, plan: &str, local: Option<usize>, extra: &[&str]) -> (Output,
 }
 
 fn text(o: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn volume<'a>(r: &'a Value, node: &str) -> &'a Value {
-    r["volumes"].as_array().unwrap().iter().find(|v| v["node"] == node).unwrap_or_else(|| panic!("no volume of {node}"))
+    r["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == node)
+        .unwrap_or_else(|| panic!("no volume of {node}"))
 }
 
 fn ms(ns: &Value) -> f64 {
@@ -61,14 +70,24 @@ fn drill<'a>(r: &'a Value, node: &str) -> &'a Value {
         .expect("a drill report")
         .iter()
         .flat_map(|f| f["volumes"].as_array().unwrap())
-        .find(|v| v["target"].as_str().unwrap().starts_with(&format!("{node}/")))
+        .find(|v| {
+            v["target"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{node}/"))
+        })
         .unwrap_or_else(|| panic!("no drill entry for {node}"))
 }
 
 /// Per-interval IOPS of a volume from timeline.json: (interval start s, IOPS).
 fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
     let t = read_json(&out.join("timeline.json"));
-    let v = t["volumes"].as_array().unwrap().iter().find(|v| v["node"] == node).unwrap();
+    let v = t["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == node)
+        .unwrap();
     v["points"]
         .as_array()
         .unwrap()
@@ -78,7 +97,10 @@ fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
         .map(|p| {
             let len = p["len_ms"].as_f64().unwrap();
             let ios = p["ios"][0].as_f64().unwrap() + p["ios"][1].as_f64().unwrap();
-            ((p["t_ms"].as_f64().unwrap() - len) / 1000.0, ios * 1000.0 / len)
+            (
+                (p["t_ms"].as_f64().unwrap() - len) / 1000.0,
+                ios * 1000.0 / len,
+            )
         })
         .collect()
 }
@@ -115,17 +137,32 @@ kind = "stall"
     let clean = &volume(&r, "agent-1")["summary"]["total"];
     let iops = clean["iops"].as_f64().unwrap();
     let err = (iops - 5000.0).abs() / 5000.0 * 100.0;
-    println!("rate: target 5000 IOPS, achieved {iops:.1} IOPS ({err:.2}% off) over {} IOs", clean["ios"]);
+    println!(
+        "rate: target 5000 IOPS, achieved {iops:.1} IOPS ({err:.2}% off) over {} IOs",
+        clean["ios"]
+    );
     assert!(err < 3.0, "achieved {iops} IOPS for a 5,000 target");
     // Open loop: even the stalled volume catches up and keeps the rate over the run.
     let stalled = &volume(&r, "agent-2")["summary"]["total"];
-    assert!((stalled["iops"].as_f64().unwrap() - 5000.0).abs() < 150.0, "{}", stalled["iops"]);
+    assert!(
+        (stalled["iops"].as_f64().unwrap() - 5000.0).abs() < 150.0,
+        "{}",
+        stalled["iops"]
+    );
     // (b) the stall: corrected p99.9 shows it, uncorrected hides it.
     let corrected = ms(&stalled["lat_intended"]["percentiles"]["99.900000"]);
     let uncorrected = ms(&stalled["lat"]["percentiles"]["99.900000"]);
-    println!("200 ms stall: p99.9 from intended issue {corrected:.1} ms, from actual issue {uncorrected:.1} ms");
-    assert!(corrected >= 150.0, "corrected p99.9 {corrected} ms should show the 200 ms stall");
-    assert!(uncorrected < corrected / 3.0, "uncorrected p99.9 {uncorrected} ms should hide the stall ({corrected} ms)");
+    println!(
+        "200 ms stall: p99.9 from intended issue {corrected:.1} ms, from actual issue {uncorrected:.1} ms"
+    );
+    assert!(
+        corrected >= 150.0,
+        "corrected p99.9 {corrected} ms should show the 200 ms stall"
+    );
+    assert!(
+        uncorrected < corrected / 3.0,
+        "uncorrected p99.9 {uncorrected} ms should hide the stall ({corrected} ms)"
+    );
     // The drill report: the interval of the stall, and its recovery.
     let d = drill(&r, "agent-2");
     let during = &d["during"];
@@ -168,20 +205,42 @@ time_scale = {time_scale}
 "#
     );
     let (o, out) = run(dir.path(), &plan, Some(1), &[]);
-    assert!(o.status.success() || o.status.code() == Some(1), "{}", text(&o));
+    assert!(
+        o.status.success() || o.status.code() == Some(1),
+        "{}",
+        text(&o)
+    );
     let series = iops_series(&out, "agent-1");
-    println!("gp2 60 GiB at 3000 IOPS, credits x{time_scale}: IOPS per interval {:?}", series.iter().map(|s| s.1.round()).collect::<Vec<_>>());
+    println!(
+        "gp2 60 GiB at 3000 IOPS, credits x{time_scale}: IOPS per interval {:?}",
+        series.iter().map(|s| s.1.round()).collect::<Vec<_>>()
+    );
     // The first interval mostly below half the burst rate is the fall.
-    let fall = series.iter().position(|s| s.1 < 1500.0).expect("IOPS never fell");
+    let fall = series
+        .iter()
+        .position(|s| s.1 < 1500.0)
+        .expect("IOPS never fell");
     // The fall happens inside interval `fall`: its start is at most 1 interval before.
     let fell_at = series[fall].0 + (series[fall].1 - 180.0).max(0.0) / (3000.0 - 180.0);
-    println!("gp2 cliff: predicted t={predicted:.2}s, measured t={fell_at:.2}s (interval starting {:.0}s)", series[fall].0);
-    assert!((fell_at - predicted).abs() <= 2.0, "fell at {fell_at:.2}s, predicted {predicted:.2}s");
-    assert!(series[..fall].iter().all(|s| s.1 > 2700.0), "burst before the fall: {series:?}");
+    println!(
+        "gp2 cliff: predicted t={predicted:.2}s, measured t={fell_at:.2}s (interval starting {:.0}s)",
+        series[fall].0
+    );
+    assert!(
+        (fell_at - predicted).abs() <= 2.0,
+        "fell at {fell_at:.2}s, predicted {predicted:.2}s"
+    );
+    assert!(
+        series[..fall].iter().all(|s| s.1 > 2700.0),
+        "burst before the fall: {series:?}"
+    );
     let after: Vec<f64> = series[fall + 1..].iter().map(|s| s.1).collect();
     assert!(after.len() >= 3, "{series:?}");
     for x in &after {
-        assert!((150.0..=215.0).contains(x), "baseline after the fall should be ~180 IOPS: {after:?}");
+        assert!(
+            (150.0..=215.0).contains(x),
+            "baseline after the fall should be ~180 IOPS: {after:?}"
+        );
     }
 }
 
@@ -222,26 +281,58 @@ verify = "crc32c"
     let d1 = dir.path().join("drop");
     std::fs::create_dir_all(&d1).unwrap();
     let (o, out) = run(&d1, &plan(drop), None, &["--keep-files"]);
-    assert_eq!(o.status.code(), Some(1), "lost writes must fail the run: {}", text(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "lost writes must fail the run: {}",
+        text(&o)
+    );
     let r = read_json(&out.join("results.json"));
     let v = &r["verify"][0];
     let set = |a: &Value| -> std::collections::BTreeSet<(String, u64)> {
-        a.as_array().unwrap().iter().map(|f| (f["file"].as_str().unwrap().to_string(), f["offset"].as_u64().unwrap())).collect()
+        a.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["file"].as_str().unwrap().to_string(),
+                    f["offset"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     };
     let found = set(&v["findings"]);
     let dropped = set(&v["dropped_blocks"]);
     println!(
         "drop_writes 1%: {} writes dropped, {} blocks left without their last acknowledged write; verifier: {} lost, {} stale, {} corrupt of {} blocks",
-        v["dropped_writes"], dropped.len(), v["lost"], v["stale"], v["corrupt"], v["blocks"]
+        v["dropped_writes"],
+        dropped.len(),
+        v["lost"],
+        v["stale"],
+        v["corrupt"],
+        v["blocks"]
     );
     assert!(dropped.len() >= 5, "expected ~1% of 2048 blocks: {v}");
-    assert_eq!(found, dropped, "the verifier must find exactly the dropped blocks");
-    assert_eq!(v["lost"].as_u64().unwrap() + v["stale"].as_u64().unwrap(), dropped.len() as u64);
+    assert_eq!(
+        found, dropped,
+        "the verifier must find exactly the dropped blocks"
+    );
+    assert_eq!(
+        v["lost"].as_u64().unwrap() + v["stale"].as_u64().unwrap(),
+        dropped.len() as u64
+    );
     assert_eq!(v["corrupt"], 0);
     let report = String::from_utf8_lossy(&o.stdout);
-    assert!(report.contains("verify (crc32c") && report.contains("FAILED"), "{report}");
+    assert!(
+        report.contains("verify (crc32c") && report.contains("FAILED"),
+        "{report}"
+    );
     // After a restart: the saved state, re-checked by another process, finds the same.
-    let o2 = Command::new(bin("lockstep-agent")).args(["verify", "--json"]).arg(&vol).output().unwrap();
+    let o2 = Command::new(bin("lockstep-agent"))
+        .args(["verify", "--json"])
+        .arg(&vol)
+        .output()
+        .unwrap();
     assert_eq!(o2.status.code(), Some(1), "{}", text(&o2));
     let later: Value = serde_json::from_slice(&o2.stdout).unwrap();
     assert_eq!(set(&later["findings"]), dropped);
@@ -254,9 +345,19 @@ verify = "crc32c"
     let (o, out) = run(&d2, &plan(""), None, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let v = &read_json(&out.join("results.json"))["verify"][0];
-    println!("clean run: {} blocks, {} lost, {} stale, {} corrupt", v["blocks"], v["lost"], v["stale"], v["corrupt"]);
+    println!(
+        "clean run: {} blocks, {} lost, {} stale, {} corrupt",
+        v["blocks"], v["lost"], v["stale"], v["corrupt"]
+    );
     assert!(v["blocks"].as_u64().unwrap() > 1000);
-    assert_eq!((v["lost"].as_u64(), v["stale"].as_u64(), v["corrupt"].as_u64()), (Some(0), Some(0), Some(0)));
+    assert_eq!(
+        (
+            v["lost"].as_u64(),
+            v["stale"].as_u64(),
+            v["corrupt"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0))
+    );
     assert_eq!(v["good"], v["blocks"]);
     // Without --keep-files nothing is left behind, state files included.
     assert_eq!(std::fs::read_dir(&vol).unwrap().count(), 0);
@@ -339,23 +440,67 @@ fraction = 0.05
     // land right after it (and carry the whole wait), and they are listed as stuck.
     let stall = show("agent-4", "stall 3 s");
     assert!(stall["during"]["iops"].as_f64().unwrap() < 50.0, "{stall}");
-    println!("stall 3 s: after it, p99 from intended issue {:.0} ms", ms(&stall["after"]["lat_intended"]["p99_ns"]));
-    assert!(ms(&stall["after"]["lat_intended"]["p99_ns"]) >= 2000.0, "{stall}");
-    let stuck: Vec<&Value> = r["stuck_ios"].as_array().unwrap().iter().filter(|s| s["node"] == "agent-4").collect();
-    println!("stuck IOs on agent-4: {} listed, e.g. {}", stuck.len(), stuck.first().map_or("none".into(), |s| s.to_string()));
+    println!(
+        "stall 3 s: after it, p99 from intended issue {:.0} ms",
+        ms(&stall["after"]["lat_intended"]["p99_ns"])
+    );
+    assert!(
+        ms(&stall["after"]["lat_intended"]["p99_ns"]) >= 2000.0,
+        "{stall}"
+    );
+    let stuck: Vec<&Value> = r["stuck_ios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["node"] == "agent-4")
+        .collect();
+    println!(
+        "stuck IOs on agent-4: {} listed, e.g. {}",
+        stuck.len(),
+        stuck.first().map_or("none".into(), |s| s.to_string())
+    );
     assert!(!stuck.is_empty(), "the stall's IOs must be listed as stuck");
-    assert!(stuck.iter().all(|s| s["latency_ms"].as_u64().unwrap() >= 500 && (1900..=3100).contains(&s["start_ms"].as_u64().unwrap())));
+    assert!(
+        stuck
+            .iter()
+            .all(|s| s["latency_ms"].as_u64().unwrap() >= 500
+                && (1900..=3100).contains(&s["start_ms"].as_u64().unwrap()))
+    );
     assert!(report.contains("stuck IOs"), "{report}");
-    assert!(r["stuck_ios"].as_array().unwrap().iter().all(|s| s["node"] == "agent-4"), "only the stalled volume had stuck IOs");
+    assert!(
+        r["stuck_ios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["node"] == "agent-4"),
+        "only the stalled volume had stuck IOs"
+    );
     // EIO ends the job at its first error (fio's continue_on_error=none): the error is
     // counted in the fault's window and named in the agent's errors.
     let eio = show("agent-5", "eio 5%");
     assert!(eio["during"]["errors"].as_u64().unwrap() >= 1, "{eio}");
     assert_eq!(eio["baseline"]["errors"], 0);
-    let a5 = r["agents"].as_array().unwrap().iter().find(|a| a["name"] == "agent-5").unwrap();
-    assert!(a5["errors"].to_string().contains("Input/output error"), "{a5}");
-    for kind in ["iops_cap on agent-1/data", "bw_cap on agent-2/data", "latency on agent-3/data", "stall on agent-4/data", "eio on agent-5/data"] {
-        assert!(report.contains(kind), "missing '{kind}' in the report:\n{report}");
+    let a5 = r["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "agent-5")
+        .unwrap();
+    assert!(
+        a5["errors"].to_string().contains("Input/output error"),
+        "{a5}"
+    );
+    for kind in [
+        "iops_cap on agent-1/data",
+        "bw_cap on agent-2/data",
+        "latency on agent-3/data",
+        "stall on agent-4/data",
+        "eio on agent-5/data",
+    ] {
+        assert!(
+            report.contains(kind),
+            "missing '{kind}' in the report:\n{report}"
+        );
     }
 }
 
@@ -378,19 +523,42 @@ fn loop_mount(dir: &Path) -> Result<LoopMount, String> {
     std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
     let f = std::fs::File::create(&img).map_err(|e| e.to_string())?;
     f.set_len(256 << 20).map_err(|e| e.to_string())?;
-    let o = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().map_err(|e| format!("losetup: {e}"))?;
+    let o = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output()
+        .map_err(|e| format!("losetup: {e}"))?;
     if !o.status.success() {
-        return Err(format!("losetup failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
+        return Err(format!(
+            "losetup failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
     }
     let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
-    let guard = LoopMount { dev: dev.clone(), mnt: mnt.clone() };
-    let mk = Command::new("mkfs.ext4").args(["-q", &dev]).output().map_err(|e| format!("mkfs.ext4: {e}"))?;
+    let guard = LoopMount {
+        dev: dev.clone(),
+        mnt: mnt.clone(),
+    };
+    let mk = Command::new("mkfs.ext4")
+        .args(["-q", &dev])
+        .output()
+        .map_err(|e| format!("mkfs.ext4: {e}"))?;
     if !mk.status.success() {
-        return Err(format!("mkfs.ext4 failed: {}", String::from_utf8_lossy(&mk.stderr).trim()));
+        return Err(format!(
+            "mkfs.ext4 failed: {}",
+            String::from_utf8_lossy(&mk.stderr).trim()
+        ));
     }
-    let m = Command::new("mount").arg(&dev).arg(&mnt).output().map_err(|e| format!("mount: {e}"))?;
+    let m = Command::new("mount")
+        .arg(&dev)
+        .arg(&mnt)
+        .output()
+        .map_err(|e| format!("mount: {e}"))?;
     if !m.status.success() {
-        return Err(format!("mount failed: {}", String::from_utf8_lossy(&m.stderr).trim()));
+        return Err(format!(
+            "mount failed: {}",
+            String::from_utf8_lossy(&m.stderr).trim()
+        ));
     }
     Ok(guard)
 }
@@ -438,9 +606,20 @@ riops = 200
         std::fs::create_dir_all(&d).unwrap();
         let (o, _) = run(&d, &plan(&addr), None, &[]);
         let t = text(&o);
-        println!("kernel_throttle on tmpfs: {}", t.lines().find(|l| l.contains("kernel_throttle")).unwrap_or(""));
+        println!(
+            "kernel_throttle on tmpfs: {}",
+            t.lines()
+                .find(|l| l.contains("kernel_throttle"))
+                .unwrap_or("")
+        );
         assert_eq!(o.status.code(), Some(2), "{t}");
-        assert!(t.contains("kernel_throttle") && (t.contains("not on a block device") || t.contains("needs root") || t.contains("io controller")), "{t}");
+        assert!(
+            t.contains("kernel_throttle")
+                && (t.contains("not on a block device")
+                    || t.contains("needs root")
+                    || t.contains("io controller")),
+            "{t}"
+        );
     }
     if let Err(why) = lockstep_agent::fault::kernel::probe() {
         eprintln!("SKIPPED kernel_throttle on a loop device: {why}");
@@ -457,7 +636,11 @@ riops = 200
     let d = dir.path().join("throttled");
     std::fs::create_dir_all(&d).unwrap();
     let (o, out) = run(&d, &plan(&addr), None, &[]);
-    assert!(o.status.success() || o.status.code() == Some(1), "{}", text(&o));
+    assert!(
+        o.status.success() || o.status.code() == Some(1),
+        "{}",
+        text(&o)
+    );
     let r = read_json(&out.join("results.json"));
     let k = drill(&r, "k1");
     let series = iops_series(&out, "k1");
@@ -472,8 +655,15 @@ riops = 200
     // The kernel holds the limit to the IO: whole intervals of the window at ~200 IOPS. (On the
     // test VM, cgroup v1's throttle has now and then let a burst through late in a window
     // while the limit stayed set, so the bound on the window's mean is looser.)
-    let inside: Vec<f64> = series.iter().filter(|s| s.0 >= 2.0 && s.0 + 1.0 <= 5.0).map(|s| s.1).collect();
-    assert!(inside.iter().any(|&x| (150.0..=250.0).contains(&x)), "no interval at the limit: {series:?}");
+    let inside: Vec<f64> = series
+        .iter()
+        .filter(|s| s.0 >= 2.0 && s.0 + 1.0 <= 5.0)
+        .map(|s| s.1)
+        .collect();
+    assert!(
+        inside.iter().any(|&x| (150.0..=250.0).contains(&x)),
+        "no interval at the limit: {series:?}"
+    );
     assert!(k["during"]["iops"].as_f64().unwrap() < 500.0, "{k}");
     // The queue built in the kernel shows in the uncorrected latency too (32 / 200 IOPS).
     assert!(ms(&k["during"]["lat"]["p50_ns"]) > 50.0, "{k}");
@@ -505,28 +695,57 @@ direct = 1
 "#
         )
     };
-    let (o, _) = run(&mkdir(dir.path().join("bad")), &plan("rate_iops = 100"), Some(1), &[]);
+    let (o, _) = run(
+        &mkdir(dir.path().join("bad")),
+        &plan("rate_iops = 100"),
+        Some(1),
+        &[],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("give rate_iops or rate_curve, not both"), "{}", text(&o));
+    assert!(
+        text(&o).contains("give rate_iops or rate_curve, not both"),
+        "{}",
+        text(&o)
+    );
     let (o, out) = run(&mkdir(dir.path().join("ok")), &plan(""), Some(1), &[]);
     assert!(o.status.success(), "{}", text(&o));
     let r = read_json(&out.join("results.json"));
     let c = &r["curve"]["roles"][0];
     let steps = c["steps"].as_array().unwrap();
-    assert_eq!(steps.iter().map(|s| s["name"].as_str().unwrap()).collect::<Vec<_>>(), ["max", "50%", "100%"]);
+    assert_eq!(
+        steps
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["max", "50%", "100%"]
+    );
     let max = c["max_iops_per_volume"].as_f64().unwrap();
     println!("curve: maximum {max:.0} IOPS (closed loop, iodepth 8)");
     for s in &steps[1..] {
         let target = s["target_iops"].as_f64().unwrap();
         let achieved = s["role"]["iops"].as_f64().unwrap();
-        println!("curve step {}: target {target:.0} IOPS, achieved {achieved:.0}, p99 {:.2} ms", s["name"], ms(&s["role"]["p99_ns"]));
-        assert!((target - max * s["percent"].as_f64().unwrap() / 100.0).abs() <= 1.0, "{s}");
+        println!(
+            "curve step {}: target {target:.0} IOPS, achieved {achieved:.0}, p99 {:.2} ms",
+            s["name"],
+            ms(&s["role"]["p99_ns"])
+        );
+        assert!(
+            (target - max * s["percent"].as_f64().unwrap() / 100.0).abs() <= 1.0,
+            "{s}"
+        );
         assert!(s["role"]["intended"].as_bool().unwrap());
-        assert!(out.join(s["dir"].as_str().unwrap()).join("results.json").is_file());
+        assert!(
+            out.join(s["dir"].as_str().unwrap())
+                .join("results.json")
+                .is_file()
+        );
     }
     let half = &steps[1]["role"];
     let target = steps[1]["target_iops"].as_f64().unwrap();
-    assert!((half["iops"].as_f64().unwrap() - target).abs() / target < 0.05, "the 50% step must hold its rate: {half}");
+    assert!(
+        (half["iops"].as_f64().unwrap() - target).abs() / target < 0.05,
+        "the 50% step must hold its rate: {half}"
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("rate curve, role db"));
 }
 

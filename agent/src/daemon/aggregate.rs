@@ -11,7 +11,9 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockstep_proto::histogram::encode;
-use lockstep_proto::v1::{DirInterval, IntervalReport, RunEvent, Started, VolumeInterval, run_event};
+use lockstep_proto::v1::{
+    DirInterval, IntervalReport, RunEvent, Started, VolumeInterval, run_event,
+};
 
 use crate::runner::{IntervalSink, IntervalSnapshot};
 use crate::stats::DirStats;
@@ -52,7 +54,9 @@ pub struct VolumeAggregator<E: VolumeEvents> {
 }
 
 pub fn unix_ns(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 impl<E: VolumeEvents> VolumeAggregator<E> {
@@ -114,7 +118,11 @@ impl<E: VolumeEvents> VolumeAggregator<E> {
             errors: d.errors,
             // clat and slat travel once, in the final result; intervals carry what is judged.
             clat_hist: Vec::new(),
-            lat_hist: if d.ios > 0 { encode(&d.lat).unwrap_or_default() } else { Vec::new() },
+            lat_hist: if d.ios > 0 {
+                encode(&d.lat).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
             lat_intended_hist: match &d.lat_intended {
                 Some(h) if self.open_loop && d.ios > 0 => encode(h).unwrap_or_default(),
                 _ => Vec::new(),
@@ -207,7 +215,10 @@ mod tests {
         let mut d = [DirStats::new(false), DirStats::new(false)];
         d[0].ios = ios;
         record(&mut d[0].lat, 1000);
-        let summary = IntervalSummary { end: Duration::from_secs(index as u64 + 1), ..Default::default() };
+        let summary = IntervalSummary {
+            end: Duration::from_secs(index as u64 + 1),
+            ..Default::default()
+        };
         agg.on_interval(IntervalSnapshot {
             index,
             job_index: 0,
@@ -223,7 +234,10 @@ mod tests {
         let c = Collect::default();
         let agg = VolumeAggregator::new("v".into(), 2, 2, false, Box::new(|_| vec![]), c.clone());
         snap(&agg, 0, 0, 10);
-        assert!(c.0.lock().unwrap().is_empty(), "must wait for the second clone");
+        assert!(
+            c.0.lock().unwrap().is_empty(),
+            "must wait for the second clone"
+        );
         snap(&agg, 1, 0, 5);
         snap(&agg, 0, 1, 7);
         assert_eq!(*c.0.lock().unwrap(), vec![(0, 15)]);

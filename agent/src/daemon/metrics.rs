@@ -53,28 +53,56 @@ impl Metrics {
         let latency = Family::<DirLabels, Histogram, fn() -> Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
-        let outstanding = Family::<VolumeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let outstanding =
+            Family::<VolumeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let state = Gauge::default();
-        registry.register("volume_ios", "IOs completed per volume and direction", ios.clone());
-        registry.register("volume_bytes", "Bytes transferred per volume and direction", bytes.clone());
-        registry.register("volume_errors", "IOs that failed per volume and direction", errors.clone());
+        registry.register(
+            "volume_ios",
+            "IOs completed per volume and direction",
+            ios.clone(),
+        );
+        registry.register(
+            "volume_bytes",
+            "Bytes transferred per volume and direction",
+            bytes.clone(),
+        );
+        registry.register(
+            "volume_errors",
+            "IOs that failed per volume and direction",
+            errors.clone(),
+        );
         registry.register(
             "volume_latency_seconds",
             "IO latency per volume and direction (from the intended issue time in rate mode)",
             latency.clone(),
         );
-        registry.register("volume_outstanding_ios", "Time-averaged IOs in flight in the last interval", outstanding.clone());
+        registry.register(
+            "volume_outstanding_ios",
+            "Time-averaged IOs in flight in the last interval",
+            outstanding.clone(),
+        );
         registry.register("run_state", "0 idle, 1 prepared, 2 running", state.clone());
         // Make every volume visible from the start, with zeros.
         for v in volumes {
             for d in ["read", "write"] {
-                let l = DirLabels { volume: v.name.clone(), direction: d.into() };
+                let l = DirLabels {
+                    volume: v.name.clone(),
+                    direction: d.into(),
+                };
                 let _ = ios.get_or_create(&l);
                 let _ = bytes.get_or_create(&l);
                 let _ = errors.get_or_create(&l);
             }
         }
-        Metrics { registry, ios, bytes, errors, latency, outstanding, state }
+        Metrics {
+            registry,
+            ios,
+            bytes,
+            errors,
+            latency,
+            outstanding,
+            state,
+        }
     }
 
     pub fn set_state(&self, s: i64) {
@@ -84,12 +112,19 @@ impl Metrics {
     pub fn observe_interval(&self, volume: &str, iv: &VolumeInterval, dirs: &[DirStats; 2]) {
         for (i, name) in ["read", "write"].iter().enumerate() {
             let d = &dirs[i];
-            let l = DirLabels { volume: volume.into(), direction: (*name).into() };
+            let l = DirLabels {
+                volume: volume.into(),
+                direction: (*name).into(),
+            };
             self.ios.get_or_create(&l).inc_by(d.ios);
             self.bytes.get_or_create(&l).inc_by(d.bytes);
             self.errors.get_or_create(&l).inc_by(d.errors);
             let h = self.latency.get_or_create(&l);
-            let src = d.lat_intended.as_ref().filter(|h| !h.is_empty()).unwrap_or(&d.lat);
+            let src = d
+                .lat_intended
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .unwrap_or(&d.lat);
             for v in src.iter_recorded() {
                 let secs = v.value_iterated_to() as f64 / 1e9;
                 for _ in 0..v.count_at_value() {
@@ -97,7 +132,11 @@ impl Metrics {
                 }
             }
         }
-        self.outstanding.get_or_create(&VolumeLabels { volume: volume.into() }).set(iv.outstanding);
+        self.outstanding
+            .get_or_create(&VolumeLabels {
+                volume: volume.into(),
+            })
+            .set(iv.outstanding);
     }
 
     pub fn render(&self) -> String {
@@ -126,7 +165,10 @@ pub async fn serve<M: RenderMetrics>(listener: tokio::net::TcpListener, metrics:
             let m = metrics.clone();
             async move {
                 (
-                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
                     m.render(),
                 )
             }

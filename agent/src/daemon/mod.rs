@@ -24,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, Capabilities, ClockProbeReply, ClockProbeRequest,
-    DirTotals, FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest, RunEvent,
-    StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
+    DirTotals, FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest,
+    RunEvent, StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -34,8 +34,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::fault::FaultSpec;
-use crate::jobfile;
 use crate::job::JobSpec;
+use crate::jobfile;
 use crate::report::fio_json;
 use crate::runner::{self, CloneFaults, PreparedRun, RunOptions};
 use crate::stats::DirStats;
@@ -177,8 +177,17 @@ struct PreparedVolume {
 
 enum Phase {
     Idle,
-    Prepared { run_id: String, volumes: Vec<PreparedVolume>, hub: Arc<EventHub>, keep_files: bool },
-    Running { run_id: String, stop: Arc<AtomicBool>, hub: Arc<EventHub> },
+    Prepared {
+        run_id: String,
+        volumes: Vec<PreparedVolume>,
+        hub: Arc<EventHub>,
+        keep_files: bool,
+    },
+    Running {
+        run_id: String,
+        stop: Arc<AtomicBool>,
+        hub: Arc<EventHub>,
+    },
 }
 
 struct Shared {
@@ -194,7 +203,11 @@ pub struct AgentService {
 
 fn check_version(v: u32) -> Result<(), Status> {
     if v != PROTOCOL_VERSION {
-        return Err(Status::failed_precondition(version_mismatch(PROTOCOL_VERSION, v, "agent")));
+        return Err(Status::failed_precondition(version_mismatch(
+            PROTOCOL_VERSION,
+            v,
+            "agent",
+        )));
     }
     Ok(())
 }
@@ -202,7 +215,13 @@ fn check_version(v: u32) -> Result<(), Status> {
 impl AgentService {
     pub fn new(cfg: DaemonConfig) -> Self {
         let metrics = Arc::new(Metrics::new(&cfg.volumes));
-        AgentService { shared: Arc::new(Shared { cfg, phase: Mutex::new(Phase::Idle), metrics }) }
+        AgentService {
+            shared: Arc::new(Shared {
+                cfg,
+                phase: Mutex::new(Phase::Idle),
+                metrics,
+            }),
+        }
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
@@ -233,18 +252,30 @@ impl AgentService {
     ) -> Result<Vec<PreparedVolume>, String> {
         let mut out = Vec::new();
         for work in &req.work {
-            let vol = cfg.volumes.iter().find(|v| v.name == work.volume).ok_or_else(|| {
-                format!(
-                    "this agent has no volume '{}' (it has: {})",
-                    work.volume,
-                    cfg.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ")
-                )
-            })?;
+            let vol = cfg
+                .volumes
+                .iter()
+                .find(|v| v.name == work.volume)
+                .ok_or_else(|| {
+                    format!(
+                        "this agent has no volume '{}' (it has: {})",
+                        work.volume,
+                        cfg.volumes
+                            .iter()
+                            .map(|v| v.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?;
             let origin = std::path::PathBuf::from(format!("{}/{}.fio", req.run_id, work.volume));
-            let overrides: Vec<(String, String)> =
-                work.overrides.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            let mut jobs: Vec<JobSpec> = jobfile::parse_str(&work.jobfile, &origin, None, &overrides)
-                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            let overrides: Vec<(String, String)> = work
+                .overrides
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let mut jobs: Vec<JobSpec> =
+                jobfile::parse_str(&work.jobfile, &origin, None, &overrides)
+                    .map_err(|e| format!("volume '{}': {e}", work.volume))?;
             for job in &mut jobs {
                 vol.confine(job).map_err(|e| e.to_string())?;
             }
@@ -258,27 +289,39 @@ impl AgentService {
                     Ok(spec)
                 })
                 .collect::<Result<Vec<_>, String>>()?;
-            crate::fault::validate_all(&faults).map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            crate::fault::validate_all(&faults)
+                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
             let opts = RunOptions {
                 allow_block_devices: cfg.allow_block_devices,
                 ..RunOptions::default()
             };
             // Privilege and device checks for the kernel's throttle, before any file is laid out.
-            let throttle = if faults.iter().any(|f| matches!(f.kind, crate::fault::FaultKind::KernelThrottle(_))) {
+            let throttle = if faults
+                .iter()
+                .any(|f| matches!(f.kind, crate::fault::FaultKind::KernelThrottle(_)))
+            {
                 let g = crate::fault::kernel::ThrottleGroup::create(&work.volume, &vol.path)
                     .map_err(|e| format!("volume '{}': {e}", work.volume))?;
                 Some(Arc::new(g))
             } else {
                 None
             };
-            let run = runner::prepare(&jobs, &opts).map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            let run = runner::prepare(&jobs, &opts)
+                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
             let open_loop = jobs.iter().any(|j| j.rate.is_limited());
             let configured_depth = if open_loop {
                 0
             } else {
                 jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
             };
-            out.push(PreparedVolume { name: work.volume.clone(), run, faults, configured_depth, open_loop, throttle });
+            out.push(PreparedVolume {
+                name: work.volume.clone(),
+                run,
+                faults,
+                configured_depth,
+                open_loop,
+                throttle,
+            });
         }
         Ok(out)
     }
@@ -293,9 +336,17 @@ fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, 
         .and_then(|v| v.strip_prefix("Bearer "));
     // Constant-time comparison: the token guards a tool that writes to disks.
     let ok = got.is_some_and(|g| {
-        g.len() == want.len() && g.bytes().zip(want.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        g.len() == want.len()
+            && g.bytes()
+                .zip(want.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
     });
-    if ok { Ok(req) } else { Err(Status::unauthenticated("missing or wrong agent token")) }
+    if ok {
+        Ok(req)
+    } else {
+        Err(Status::unauthenticated("missing or wrong agent token"))
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
@@ -325,7 +376,12 @@ impl Agent for AgentService {
                 .collect(),
             capabilities: Some(Capabilities {
                 io_uring: crate::engine::uring_available(),
-                engines: vec!["io_uring".into(), "libaio".into(), "psync".into(), "null".into()],
+                engines: vec![
+                    "io_uring".into(),
+                    "libaio".into(),
+                    "psync".into(),
+                    "null".into(),
+                ],
                 exec_allowed: cfg.allow_exec,
                 block_devices_allowed: cfg.allow_block_devices,
             }),
@@ -338,17 +394,24 @@ impl Agent for AgentService {
         req: Request<ClockProbeRequest>,
     ) -> Result<Response<ClockProbeReply>, Status> {
         check_version(req.get_ref().protocol_version)?;
-        Ok(Response::new(ClockProbeReply { agent_unix_ns: unix_ns(SystemTime::now()) }))
+        Ok(Response::new(ClockProbeReply {
+            agent_unix_ns: unix_ns(SystemTime::now()),
+        }))
     }
 
-    async fn prepare(&self, req: Request<PrepareRequest>) -> Result<Response<PrepareReply>, Status> {
+    async fn prepare(
+        &self,
+        req: Request<PrepareRequest>,
+    ) -> Result<Response<PrepareReply>, Status> {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         {
             let mut phase = self.shared.phase.lock().unwrap();
             match &mut *phase {
                 Phase::Idle => {}
-                Phase::Prepared { run_id, volumes, .. } if run_id == &req.run_id => {
+                Phase::Prepared {
+                    run_id, volumes, ..
+                } if run_id == &req.run_id => {
                     // A repeated prepare of the same run: start over.
                     for v in volumes.iter_mut() {
                         v.run.discard(false);
@@ -379,11 +442,17 @@ impl Agent for AgentService {
                     hub,
                     keep_files: req.keep_files,
                 };
-                Ok(Response::new(PrepareReply { error: String::new(), warnings: Vec::new() }))
+                Ok(Response::new(PrepareReply {
+                    error: String::new(),
+                    warnings: Vec::new(),
+                }))
             }
             Err(e) => {
                 self.shared.metrics.set_state(0);
-                Ok(Response::new(PrepareReply { error: e, warnings: Vec::new() }))
+                Ok(Response::new(PrepareReply {
+                    error: e,
+                    warnings: Vec::new(),
+                }))
             }
         }
     }
@@ -395,9 +464,12 @@ impl Agent for AgentService {
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
         let (volumes, hub, keep_files) = match std::mem::replace(&mut *phase, Phase::Idle) {
-            Phase::Prepared { run_id, volumes, hub, keep_files } if run_id == req.run_id => {
-                (volumes, hub, keep_files)
-            }
+            Phase::Prepared {
+                run_id,
+                volumes,
+                hub,
+                keep_files,
+            } if run_id == req.run_id => (volumes, hub, keep_files),
             other => {
                 let msg = match &other {
                     Phase::Idle => "nothing prepared".to_string(),
@@ -412,7 +484,11 @@ impl Agent for AgentService {
             }
         };
         let stop = Arc::new(AtomicBool::new(false));
-        *phase = Phase::Running { run_id: req.run_id.clone(), stop: stop.clone(), hub: hub.clone() };
+        *phase = Phase::Running {
+            run_id: req.run_id.clone(),
+            stop: stop.clone(),
+            hub: hub.clone(),
+        };
         drop(phase);
         let stream = hub.attach();
         let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
@@ -430,11 +506,15 @@ impl Agent for AgentService {
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
         match &mut *phase {
-            Phase::Running { run_id, stop, .. } if *run_id == req.run_id || req.run_id.is_empty() => {
+            Phase::Running { run_id, stop, .. }
+                if *run_id == req.run_id || req.run_id.is_empty() =>
+            {
                 tracing::warn!("run {run_id} aborted by the coordinator: {}", req.reason);
                 stop.store(true, Ordering::Relaxed);
             }
-            Phase::Prepared { run_id, volumes, .. } if *run_id == req.run_id || req.run_id.is_empty() => {
+            Phase::Prepared {
+                run_id, volumes, ..
+            } if *run_id == req.run_id || req.run_id.is_empty() => {
                 for v in volumes.iter_mut() {
                     v.run.discard(false);
                 }
@@ -456,7 +536,10 @@ impl Agent for AgentService {
             Phase::Running { run_id, hub, .. } if *run_id == req.run_id => {
                 Ok(Response::new(Box::pin(hub.attach())))
             }
-            _ => Err(Status::not_found(format!("run {} is not running on this agent", req.run_id))),
+            _ => Err(Status::not_found(format!(
+                "run {} is not running on this agent",
+                req.run_id
+            ))),
         }
     }
 }
@@ -482,7 +565,9 @@ fn run(
                 volume: v.name.clone(),
                 fault: f.name().to_string(),
                 start_agent_ns: unix_ns(start),
-                end_agent_ns: f.duration_ms.map_or(0, |d| unix_ns(start + Duration::from_millis(d))),
+                end_agent_ns: f
+                    .duration_ms
+                    .map_or(0, |d| unix_ns(start + Duration::from_millis(d))),
             });
         }
     }
@@ -490,7 +575,12 @@ fn run(
         let done = Arc::new(AtomicBool::new(false));
         // Watchdog: nobody listening for longer than the grace period stops the IO.
         {
-            let (hub, stop, done, lost) = (hub.clone(), stop.clone(), done.clone(), lost_coordinator.clone());
+            let (hub, stop, done, lost) = (
+                hub.clone(),
+                stop.clone(),
+                done.clone(),
+                lost_coordinator.clone(),
+            );
             scope.spawn(move || {
                 while !done.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(100));
@@ -531,28 +621,42 @@ fn run(
                     let fault_seed = unix_ns(start_at) as u64;
                     // One gate per volume, shared by its clones: numjobs=4 on an emulated
                     // 3,000-IOPS volume still gets 3,000 IOPS in all, not 12,000.
-                    let gate = crate::fault::build_gate(&faults, fault_seed).map(crate::fault::SharedGate::new);
+                    let gate = crate::fault::build_gate(&faults, fault_seed)
+                        .map(crate::fault::SharedGate::new);
                     let throttle = v.throttle.clone();
                     let limits_done = Arc::new(AtomicBool::new(false));
                     let io_started = Arc::new(std::sync::OnceLock::new());
                     if let Some(t) = &throttle {
-                        schedule_throttle(t.clone(), &faults, io_started.clone(), stop.clone(), limits_done.clone());
+                        schedule_throttle(
+                            t.clone(),
+                            &faults,
+                            io_started.clone(),
+                            stop.clone(),
+                            limits_done.clone(),
+                        );
                     }
                     let opts = RunOptions {
                         stop,
                         keep_files,
                         start_at: Some(start_at),
-                        sink: Some(Arc::new(StartTap { inner: aggregator, started: io_started })),
+                        sink: Some(Arc::new(StartTap {
+                            inner: aggregator,
+                            started: io_started,
+                        })),
                         faults: if faults.is_empty() {
                             None
                         } else {
                             Some(Arc::new(move |job: usize, clone: u32| {
                                 let seed = fault_seed ^ ((job as u64) << 32) ^ clone as u64;
                                 CloneFaults {
-                                    gate: gate.clone().map(|g| Box::new(g) as Box<dyn crate::fault::IoGate>),
+                                    gate: gate
+                                        .clone()
+                                        .map(|g| Box::new(g) as Box<dyn crate::fault::IoGate>),
                                     fault: crate::fault::build_fault(&faults, seed),
                                     enter: throttle.clone().map(|t| {
-                                        Box::new(move || t.enter_current_thread().map_err(|e| e.to_string()))
+                                        Box::new(move || {
+                                            t.enter_current_thread().map_err(|e| e.to_string())
+                                        })
                                             as Box<dyn FnOnce() -> Result<(), String> + Send>
                                     }),
                                 }
@@ -585,19 +689,29 @@ fn run(
                 })
             })
             .collect();
-        let results = handles.into_iter().map(|h| h.join().expect("volume thread panicked")).collect();
+        let results = handles
+            .into_iter()
+            .map(|h| h.join().expect("volume thread panicked"))
+            .collect();
         done.store(true, Ordering::Relaxed);
         results
     });
     let error = if lost_coordinator.load(Ordering::Relaxed) {
-        format!("coordinator lost for longer than the grace period ({:.1}s): IO stopped", grace.as_secs_f64())
+        format!(
+            "coordinator lost for longer than the grace period ({:.1}s): IO stopped",
+            grace.as_secs_f64()
+        )
     } else if stop.load(Ordering::Relaxed) {
         "aborted".to_string()
     } else {
         String::new()
     };
     hub.publish(RunEvent {
-        event: Some(run_event::Event::Final(FinalResult { volumes: results, error, faults: fault_events })),
+        event: Some(run_event::Event::Final(FinalResult {
+            volumes: results,
+            error,
+            faults: fault_events,
+        })),
     });
     hub.finish();
     *shared.phase.lock().unwrap() = Phase::Idle;
@@ -643,41 +757,48 @@ fn schedule_throttle(
     let specs: Vec<(u64, Option<u64>, crate::fault::KernelThrottleSpec)> = faults
         .iter()
         .filter_map(|f| match &f.kind {
-            crate::fault::FaultKind::KernelThrottle(k) => Some((f.at_ms, f.duration_ms.map(|d| f.at_ms + d), k.clone())),
+            crate::fault::FaultKind::KernelThrottle(k) => {
+                Some((f.at_ms, f.duration_ms.map(|d| f.at_ms + d), k.clone()))
+            }
             _ => None,
         })
         .collect();
-    let mut edges: Vec<u64> = specs.iter().flat_map(|(at, end, _)| std::iter::once(*at).chain(*end)).collect();
+    let mut edges: Vec<u64> = specs
+        .iter()
+        .flat_map(|(at, end, _)| std::iter::once(*at).chain(*end))
+        .collect();
     edges.sort_unstable();
     edges.dedup();
-    let spawned = std::thread::Builder::new().name("kernel-throttle".into()).spawn(move || {
-        let start_at = loop {
-            if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-                return;
-            }
-            match io_started.get() {
-                Some(t) => break *t,
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        };
-        for t_ms in edges {
-            let at = start_at + Duration::from_millis(t_ms);
-            loop {
+    let spawned = std::thread::Builder::new()
+        .name("kernel-throttle".into())
+        .spawn(move || {
+            let start_at = loop {
                 if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
                     return;
                 }
-                let left = at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
+                match io_started.get() {
+                    Some(t) => break *t,
+                    None => std::thread::sleep(Duration::from_millis(1)),
                 }
-                std::thread::sleep(left.min(Duration::from_millis(20)));
+            };
+            for t_ms in edges {
+                let at = start_at + Duration::from_millis(t_ms);
+                loop {
+                    if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::sleep(left.min(Duration::from_millis(20)));
+                }
+                let limits = crate::fault::kernel::active_limits(&specs, t_ms);
+                if let Err(e) = group.set(limits.as_ref()) {
+                    tracing::error!("{e}");
+                }
             }
-            let limits = crate::fault::kernel::active_limits(&specs, t_ms);
-            if let Err(e) = group.set(limits.as_ref()) {
-                tracing::error!("{e}");
-            }
-        }
-    });
+        });
     if let Err(e) = spawned {
         tracing::error!("kernel_throttle: cannot start its scheduler thread: {e}");
     }
@@ -690,7 +811,9 @@ fn verify_json(report: &crate::report::RunReport) -> String {
     for r in report.jobs.iter().filter_map(|j| j.verify.as_ref()) {
         merged.get_or_insert_with(Default::default).merge(r);
     }
-    merged.map(|m| serde_json::to_string(&m).unwrap_or_default()).unwrap_or_default()
+    merged
+        .map(|m| serde_json::to_string(&m).unwrap_or_default())
+        .unwrap_or_default()
 }
 
 fn stuck_ios(report: &crate::report::RunReport) -> Vec<lockstep_proto::v1::StuckIo> {
@@ -712,7 +835,11 @@ fn stuck_ios(report: &crate::report::RunReport) -> Vec<lockstep_proto::v1::Stuck
 
 fn dir_totals(d: &DirStats) -> DirTotals {
     let enc = |h: &hdrhistogram::Histogram<u64>| {
-        if h.is_empty() { Vec::new() } else { lockstep_proto::histogram::encode(h).unwrap_or_default() }
+        if h.is_empty() {
+            Vec::new()
+        } else {
+            lockstep_proto::histogram::encode(h).unwrap_or_default()
+        }
     };
     DirTotals {
         slat_hist: enc(&d.slat),
@@ -796,7 +923,12 @@ fn registration(cfg: &DaemonConfig, address: String, tls: bool) -> crate::regist
         protocol_version: PROTOCOL_VERSION,
         capabilities: RegisteredCapabilities {
             io_uring: crate::engine::uring_available(),
-            engines: vec!["io_uring".into(), "libaio".into(), "psync".into(), "null".into()],
+            engines: vec![
+                "io_uring".into(),
+                "libaio".into(),
+                "psync".into(),
+                "null".into(),
+            ],
             exec_allowed: cfg.allow_exec,
             block_devices_allowed: cfg.allow_block_devices,
         },
@@ -818,15 +950,32 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
     }
     let mut names = std::collections::HashSet::new();
     for v in &cfg.volumes {
-        anyhow::ensure!(names.insert(&v.name), "--volume {}: the name is given twice", v.name);
+        anyhow::ensure!(
+            names.insert(&v.name),
+            "--volume {}: the name is given twice",
+            v.name
+        );
     }
-    let tls = opts.tls.as_ref().map(tls::TlsFiles::server_config).transpose()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let tls = opts
+        .tls
+        .as_ref()
+        .map(tls::TlsFiles::server_config)
+        .transpose()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listen = &opts.listen;
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("--listen {listen}"))?;
         let metrics = match &opts.metrics_listen {
-            Some(m) => Some(tokio::net::TcpListener::bind(m).await.with_context(|| format!("--metrics-listen {m}"))?),
+            Some(m) => Some(
+                tokio::net::TcpListener::bind(m)
+                    .await
+                    .with_context(|| format!("--metrics-listen {m}"))?,
+            ),
             None => None,
         };
         let bound = listener.local_addr()?;
@@ -842,14 +991,20 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
         };
         let registry = opts.registry.clone().map(|r| {
             let reg = registration(&cfg, advertised(&opts, bound), opts.tls.is_some());
-            tokio::spawn(crate::registry::keep_registered(r, reg, stopped(stop_rx.clone())))
+            tokio::spawn(crate::registry::keep_registered(
+                r,
+                reg,
+                stopped(stop_rx.clone()),
+            ))
         });
         notify::ready(&format!("serving on {bound}"));
         if let Some(every) = notify::watchdog_interval() {
             tokio::spawn(notify::watchdog(every));
         }
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
@@ -857,7 +1012,9 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
             notify::stopping();
             let _ = stop_tx.send(true);
         });
-        serve(cfg, listener, metrics, tls, stopped(stop_rx)).await.context("serving")?;
+        serve(cfg, listener, metrics, tls, stopped(stop_rx))
+            .await
+            .context("serving")?;
         if let Some(r) = registry {
             // The lease revoke is bounded by its own timeout.
             let _ = r.await;

@@ -25,17 +25,34 @@ pub enum VolumeError {
     Syntax(String),
     #[error("--volume '{spec}': {why}")]
     Bad { spec: String, why: String },
-    #[error("volume '{volume}': job '{job}' names {what}={path}, which is outside the volume ({root}); remove it, the agent points jobs at their volume itself")]
-    Escapes { volume: String, job: String, what: &'static str, path: String, root: String },
+    #[error(
+        "volume '{volume}': job '{job}' names {what}={path}, which is outside the volume ({root}); remove it, the agent points jobs at their volume itself"
+    )]
+    Escapes {
+        volume: String,
+        job: String,
+        what: &'static str,
+        path: String,
+        root: String,
+    },
 }
 
 impl std::str::FromStr for VolumeConfig {
     type Err = VolumeError;
     fn from_str(spec: &str) -> Result<Self, VolumeError> {
-        let (name, rest) = spec.split_once('=').ok_or_else(|| VolumeError::Syntax(spec.into()))?;
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| VolumeError::Syntax(spec.into()))?;
         let mut parts = rest.split(',');
-        let path = parts.next().filter(|p| !p.is_empty()).ok_or_else(|| VolumeError::Syntax(spec.into()))?;
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        let path = parts
+            .next()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| VolumeError::Syntax(spec.into()))?;
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
             return Err(VolumeError::Bad {
                 spec: spec.into(),
                 why: "the name must be letters, digits, '-', '_' or '.'".into(),
@@ -50,23 +67,36 @@ impl std::str::FromStr for VolumeConfig {
             provisioned_mib_s: 0,
         };
         for kv in parts {
-            let bad = |why: String| VolumeError::Bad { spec: spec.into(), why };
-            let (k, val) = kv.split_once('=').ok_or_else(|| bad(format!("'{kv}' is not key=value")))?;
+            let bad = |why: String| VolumeError::Bad {
+                spec: spec.into(),
+                why,
+            };
+            let (k, val) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("'{kv}' is not key=value")))?;
             let num = |val: &str| -> Result<u64, VolumeError> {
-                crate::units::parse_size(val, crate::units::KbBase::K1024).map_err(|e| bad(format!("{k}={val}: {e}")))
+                crate::units::parse_size(val, crate::units::KbBase::K1024)
+                    .map_err(|e| bad(format!("{k}={val}: {e}")))
             };
             match k {
                 "size" => v.size_bytes = num(val)?,
                 "kind" => {
                     const KINDS: [&str; 7] = ["gp2", "gp3", "io1", "io2", "st1", "sc1", "local"];
                     if !KINDS.contains(&val) {
-                        return Err(bad(format!("kind={val}: expected one of {}", KINDS.join(", "))));
+                        return Err(bad(format!(
+                            "kind={val}: expected one of {}",
+                            KINDS.join(", ")
+                        )));
                     }
                     v.kind = val.into();
                 }
                 "iops" => v.provisioned_iops = num(val)?,
                 "mibs" => v.provisioned_mib_s = num(val)?,
-                other => return Err(bad(format!("unknown key '{other}' (size, kind, iops, mibs)"))),
+                other => {
+                    return Err(bad(format!(
+                        "unknown key '{other}' (size, kind, iops, mibs)"
+                    )));
+                }
             }
         }
         Ok(v)
@@ -76,10 +106,12 @@ impl std::str::FromStr for VolumeConfig {
 impl VolumeConfig {
     /// Checks the volume exists now, so a typo fails at start-up rather than mid-run.
     pub fn check(&self) -> Result<(), VolumeError> {
-        std::fs::metadata(&self.path).map(|_| ()).map_err(|e| VolumeError::Bad {
-            spec: format!("{}={}", self.name, self.path.display()),
-            why: format!("{e}"),
-        })
+        std::fs::metadata(&self.path)
+            .map(|_| ())
+            .map_err(|e| VolumeError::Bad {
+                spec: format!("{}={}", self.name, self.path.display()),
+                why: format!("{e}"),
+            })
     }
 
     /// Points `job` at this volume and refuses targets outside it.
@@ -99,14 +131,22 @@ impl VolumeConfig {
         }
         if is_dir {
             for f in &job.filenames {
-                if f.is_absolute() && !inside(&self.path, f) || !clean_relative(f) && !f.is_absolute() {
+                if f.is_absolute() && !inside(&self.path, f)
+                    || !clean_relative(f) && !f.is_absolute()
+                {
                     return Err(escapes("filename", f));
                 }
             }
             job.filenames = job
                 .filenames
                 .iter()
-                .map(|f| if f.is_absolute() { f.clone() } else { self.path.join(f) })
+                .map(|f| {
+                    if f.is_absolute() {
+                        f.clone()
+                    } else {
+                        self.path.join(f)
+                    }
+                })
                 .collect();
             if job.directories.is_empty() || job.directories.iter().all(|d| !d.is_absolute()) {
                 job.directories = vec![self.path.clone()];
@@ -127,7 +167,8 @@ impl VolumeConfig {
 
 /// A relative path without `..` or root components.
 fn clean_relative(p: &Path) -> bool {
-    p.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    p.components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
 /// Whether `p` lies inside `root` (lexically, after resolving `root` itself).
@@ -153,8 +194,14 @@ mod tests {
         assert_eq!(v.size_bytes, 60 << 30);
         assert_eq!(v.kind, "gp2");
         assert_eq!(v.provisioned_iops, 180);
-        assert!(matches!("data".parse::<VolumeConfig>(), Err(VolumeError::Syntax(_))));
-        let e = "d=/x,kind=gp9".parse::<VolumeConfig>().unwrap_err().to_string();
+        assert!(matches!(
+            "data".parse::<VolumeConfig>(),
+            Err(VolumeError::Syntax(_))
+        ));
+        let e = "d=/x,kind=gp9"
+            .parse::<VolumeConfig>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("kind=gp9") && e.contains("gp3"), "{e}");
         assert!("d=/x,colour=red".parse::<VolumeConfig>().is_err());
     }
@@ -177,7 +224,10 @@ mod tests {
         let mut job = JobSpec::with_defaults("j", Origin::default());
         job.filenames = vec![PathBuf::from("/etc/passwd")];
         let e = v.confine(&mut job).unwrap_err().to_string();
-        assert!(e.contains("/etc/passwd") && e.contains("outside the volume"), "{e}");
+        assert!(
+            e.contains("/etc/passwd") && e.contains("outside the volume"),
+            "{e}"
+        );
 
         let mut job = JobSpec::with_defaults("j", Origin::default());
         job.filenames = vec![PathBuf::from("../escape")];

@@ -56,7 +56,9 @@ pub struct Capabilities {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("io_uring is not available on this kernel or is blocked by policy ({0}); use ioengine=psync or let lockstep fall back")]
+    #[error(
+        "io_uring is not available on this kernel or is blocked by policy ({0}); use ioengine=psync or let lockstep fall back"
+    )]
     UringUnavailable(io::Error),
     #[error("engine {engine}: {op} failed: {source}")]
     Sys {
@@ -123,7 +125,9 @@ pub(crate) fn sync_rw(op: &IoOp) -> i64 {
         }
     };
     if r < 0 {
-        -(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) as i64)
+        -(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO) as i64)
     } else {
         r as i64
     }

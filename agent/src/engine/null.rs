@@ -11,17 +11,26 @@ pub struct NullEngine {
 
 impl NullEngine {
     pub fn new(depth: u32) -> Self {
-        NullEngine { queued: Vec::with_capacity(depth as usize) }
+        NullEngine {
+            queued: Vec::with_capacity(depth as usize),
+        }
     }
 }
 
 impl Engine for NullEngine {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { name: "null", concurrent: true, touches_files: false }
+        Capabilities {
+            name: "null",
+            concurrent: true,
+            touches_files: false,
+        }
     }
 
     fn queue(&mut self, op: IoOp) -> Result<(), EngineError> {
-        self.queued.push(Completion { tag: op.tag, result: op.len as i64 });
+        self.queued.push(Completion {
+            tag: op.tag,
+            result: op.len as i64,
+        });
         Ok(())
     }
 

@@ -28,7 +28,11 @@ enum Mode {
 impl ThreadEngine {
     pub fn new(depth: u32) -> Result<Self, EngineError> {
         if depth <= 1 {
-            return Ok(ThreadEngine { mode: Mode::Inline { queued: Vec::with_capacity(1) } });
+            return Ok(ThreadEngine {
+                mode: Mode::Inline {
+                    queued: Vec::with_capacity(1),
+                },
+            });
         }
         let (to_workers, ops) = channel::<IoOp>();
         let ops = std::sync::Arc::new(std::sync::Mutex::new(ops));
@@ -49,12 +53,22 @@ impl ThreadEngine {
                             Err(_) => return,
                         };
                         let result = sync_rw(&op);
-                        if done.send(Completion { tag: op.tag, result }).is_err() {
+                        if done
+                            .send(Completion {
+                                tag: op.tag,
+                                result,
+                            })
+                            .is_err()
+                        {
                             return;
                         }
                     }
                 })
-                .map_err(|source| EngineError::Sys { engine: "psync", op: "spawn", source })?;
+                .map_err(|source| EngineError::Sys {
+                    engine: "psync",
+                    op: "spawn",
+                    source,
+                })?;
             workers.push(handle);
         }
         Ok(ThreadEngine {
@@ -85,8 +99,13 @@ impl Engine for ThreadEngine {
     }
 
     fn commit(&mut self) -> Result<(), EngineError> {
-        if let Mode::Workers { to_workers, queued, .. } = &mut self.mode {
-            let tx = to_workers.as_ref().ok_or(EngineError::WorkersGone("psync"))?;
+        if let Mode::Workers {
+            to_workers, queued, ..
+        } = &mut self.mode
+        {
+            let tx = to_workers
+                .as_ref()
+                .ok_or(EngineError::WorkersGone("psync"))?;
             for op in queued.drain(..) {
                 tx.send(op).map_err(|_| EngineError::WorkersGone("psync"))?;
             }
@@ -103,7 +122,10 @@ impl Engine for ThreadEngine {
         match &mut self.mode {
             Mode::Inline { queued } => {
                 for op in queued.drain(..) {
-                    out.push(Completion { tag: op.tag, result: sync_rw(&op) });
+                    out.push(Completion {
+                        tag: op.tag,
+                        result: sync_rw(&op),
+                    });
                 }
                 Ok(())
             }
@@ -116,7 +138,9 @@ impl Engine for ThreadEngine {
                 let deadline = timeout.map(|t| std::time::Instant::now() + t);
                 while got < min {
                     let c = match deadline {
-                        None => from_workers.recv().map_err(|_| EngineError::WorkersGone("psync"))?,
+                        None => from_workers
+                            .recv()
+                            .map_err(|_| EngineError::WorkersGone("psync"))?,
                         Some(d) => {
                             let left = d.saturating_duration_since(std::time::Instant::now());
                             match from_workers.recv_timeout(left) {
@@ -139,7 +163,12 @@ impl Engine for ThreadEngine {
 
 impl Drop for ThreadEngine {
     fn drop(&mut self) {
-        if let Mode::Workers { to_workers, workers, .. } = &mut self.mode {
+        if let Mode::Workers {
+            to_workers,
+            workers,
+            ..
+        } = &mut self.mode
+        {
             // Closing the channel ends every worker after its current IO.
             to_workers.take();
             for w in workers.drain(..) {

@@ -36,13 +36,20 @@ impl UringEngine {
     }
 
     fn sys(op: &'static str, source: std::io::Error) -> EngineError {
-        EngineError::Sys { engine: "io_uring", op, source }
+        EngineError::Sys {
+            engine: "io_uring",
+            op,
+            source,
+        }
     }
 
     fn drain(&mut self, out: &mut Vec<Completion>) -> usize {
         let mut n = 0;
         for cqe in self.ring.completion() {
-            out.push(Completion { tag: cqe.user_data() as u32, result: cqe.result() as i64 });
+            out.push(Completion {
+                tag: cqe.user_data() as u32,
+                result: cqe.result() as i64,
+            });
             n += 1;
         }
         n
@@ -51,14 +58,22 @@ impl UringEngine {
 
 impl Engine for UringEngine {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { name: "io_uring", concurrent: true, touches_files: true }
+        Capabilities {
+            name: "io_uring",
+            concurrent: true,
+            touches_files: true,
+        }
     }
 
     fn queue(&mut self, op: IoOp) -> Result<(), EngineError> {
         let fd = types::Fd(op.fd);
         let entry = match op.dir {
-            Direction::Read => opcode::Read::new(fd, op.buf, op.len).offset(op.offset).build(),
-            Direction::Write => opcode::Write::new(fd, op.buf, op.len).offset(op.offset).build(),
+            Direction::Read => opcode::Read::new(fd, op.buf, op.len)
+                .offset(op.offset)
+                .build(),
+            Direction::Write => opcode::Write::new(fd, op.buf, op.len)
+                .offset(op.offset)
+                .build(),
         }
         .user_data(op.tag as u64);
         // SAFETY: the buffer stays valid until the completion is reaped (IoOp's contract).
@@ -67,9 +82,8 @@ impl Engine for UringEngine {
             // The queue is sized to the depth, so this only happens if the runner over-queues;
             // flush and retry rather than lose the op.
             self.commit()?;
-            unsafe { self.ring.submission().push(&entry) }.map_err(|_| {
-                Self::sys("queue", std::io::Error::other("submission queue full"))
-            })?;
+            unsafe { self.ring.submission().push(&entry) }
+                .map_err(|_| Self::sys("queue", std::io::Error::other("submission queue full")))?;
         }
         self.pending += 1;
         Ok(())

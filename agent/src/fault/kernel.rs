@@ -110,8 +110,10 @@ pub fn probe() -> Result<(Hierarchy, PathBuf), KernelError> {
     }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
-    find_hierarchy(&mountinfo, |p| std::fs::read_to_string(p.join("cgroup.controllers")).ok())
-        .ok_or(KernelError::NoController)
+    find_hierarchy(&mountinfo, |p| {
+        std::fs::read_to_string(p.join("cgroup.controllers")).ok()
+    })
+    .ok_or(KernelError::NoController)
 }
 
 /// The device to throttle for `path`: its filesystem's device (or the device itself), the

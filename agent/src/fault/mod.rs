@@ -52,10 +52,10 @@ pub mod bucket;
 pub mod build;
 /// EBS volume models (gp2, gp3, io1, io2, st1, sc1): gate, ceilings, credit forecast.
 pub mod ebs;
-/// `kernel_throttle`: the kernel's block throttle through a cgroup (needs root).
-pub mod kernel;
 /// Latency, EIO, stall and drop-writes faults, and `FaultSet` applying them in their windows.
 pub mod faults;
+/// `kernel_throttle`: the kernel's block throttle through a cgroup (needs root).
+pub mod kernel;
 /// `FaultSpec`, the serialized schedule entry, and its validation.
 pub mod spec;
 
@@ -64,7 +64,7 @@ pub use build::{GateSet, SharedGate, build_fault, build_gate};
 pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
 pub use faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault};
 pub use spec::{
-    BwCapSpec, Directions, DropWritesSpec, KernelThrottleSpec, EbsSpec, EioSpec, FaultError, FaultKind, FaultSpec,
-    IopsCapSpec, LatencyDistribution, LatencySpec, SpecError, StallSpec, VolumeType, Window,
-    active_faults, validate_all,
+    BwCapSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, FaultError, FaultKind, FaultSpec,
+    IopsCapSpec, KernelThrottleSpec, LatencyDistribution, LatencySpec, SpecError, StallSpec,
+    VolumeType, Window, active_faults, validate_all,
 };

@@ -366,9 +366,17 @@ impl FaultSpec {
                 check_fraction(d.fraction).map_err(|p| err("fraction", p))?
             }
             FaultKind::KernelThrottle(k) => {
-                let fields = [("riops", k.riops), ("wiops", k.wiops), ("rbps", k.rbps), ("wbps", k.wbps)];
+                let fields = [
+                    ("riops", k.riops),
+                    ("wiops", k.wiops),
+                    ("rbps", k.rbps),
+                    ("wbps", k.wbps),
+                ];
                 if fields.iter().all(|(_, v)| v.is_none()) {
-                    return Err(err("riops/wiops/rbps/wbps", "at least one must be set".into()));
+                    return Err(err(
+                        "riops/wiops/rbps/wbps",
+                        "at least one must be set".into(),
+                    ));
                 }
                 for (field, v) in fields {
                     if v == Some(0) {
@@ -599,7 +607,12 @@ impl fmt::Display for FaultSpec {
             FaultKind::DropWrites(d) => write!(f, "drop_writes on {}%", d.fraction * 100.0)?,
             FaultKind::KernelThrottle(k) => {
                 write!(f, "kernel_throttle")?;
-                for (n, v) in [("riops", k.riops), ("wiops", k.wiops), ("rbps", k.rbps), ("wbps", k.wbps)] {
+                for (n, v) in [
+                    ("riops", k.riops),
+                    ("wiops", k.wiops),
+                    ("rbps", k.rbps),
+                    ("wbps", k.wbps),
+                ] {
                     if let Some(v) = v {
                         write!(f, " {n}={v}")?;
                     }

@@ -1248,7 +1248,11 @@ impl Ctx<'_> {
         // predicts from the demand before it is credit exhaustion even when the history before
         // it is too short to call "fine" on its own (a bucket drained in a few intervals).
         let kind = match &ev.credit {
-            Some(c) if kind == ChokepointKind::Throttled && c.onset_matches_forecast && c.at_baseline => {
+            Some(c)
+                if kind == ChokepointKind::Throttled
+                    && c.onset_matches_forecast
+                    && c.at_baseline =>
+            {
                 ChokepointKind::CreditExhaustion
             }
             _ => kind,

@@ -33,11 +33,11 @@ use lockstep_agent::job::Direction;
 use toml::Spanned;
 
 pub use duration::{format_duration, parse_duration};
-pub use workload::with_rate;
 pub use resolve::{
     AgentAssignment, AgentInfo, Assignment, FaultAssignment, ScheduledFault, VolumeAssignment,
     VolumeInfo, VolumeRef, resolve,
 };
+pub use workload::with_rate;
 
 /// Reporting interval when the plan gives none.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -818,7 +818,10 @@ fn build_roles(
                 if points.is_empty() || points.len() > 20 {
                     return Err(src.at(c, field, "needs 1 to 20 percentages of the maximum rate, e.g. [10, 50, 70, 80, 90, 100]"));
                 }
-                if let Some(p) = points.iter().find(|p| !(p.is_finite() && **p > 0.0 && **p <= 100.0)) {
+                if let Some(p) = points
+                    .iter()
+                    .find(|p| !(p.is_finite() && **p > 0.0 && **p <= 100.0))
+                {
                     return Err(src.at(c, field, format!("{p} is not a percentage in (0, 100]")));
                 }
                 // The per-volume rate of each step must split over the jobs as rate_iops would.

@@ -932,7 +932,11 @@ fn the_quickstart_is_a_minute_with_a_throttle_on_agent_3() {
     let a = resolve(&plan, &local(4)).unwrap();
     // Every volume is an emulated gp2; only agent-3's is small enough to have credits to lose.
     assert_eq!(a.faults.len(), 2);
-    let credits = a.faults.iter().find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(60)).unwrap();
+    let credits = a
+        .faults
+        .iter()
+        .find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(60))
+        .unwrap();
     assert_eq!(
         credits.targets,
         [VolumeRef {
@@ -940,7 +944,11 @@ fn the_quickstart_is_a_minute_with_a_throttle_on_agent_3() {
             volume: "data".into()
         }]
     );
-    let peers = a.faults.iter().find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(1000)).unwrap();
+    let peers = a
+        .faults
+        .iter()
+        .find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(1000))
+        .unwrap();
     assert_eq!(peers.targets.len(), 3);
     let roles: BTreeMap<&str, usize> = a.volumes().fold(BTreeMap::new(), |mut m, (_, v)| {
         *m.entry(v.role.as_str()).or_default() += 1;

@@ -177,10 +177,15 @@ pub fn with_rate(workload: &Workload, target: Option<u64>) -> Result<Workload, S
 
 /// fio's `rate_iops=` value for a per-volume target on this workload.
 pub(super) fn rate_for(workload: &Workload, target: u64) -> Result<String, String> {
-    let mut overrides: Vec<(String, String)> =
-        workload.overrides.iter().filter(|(k, _)| k.as_str() != "rate_iops").map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut overrides: Vec<(String, String)> = workload
+        .overrides
+        .iter()
+        .filter(|(k, _)| k.as_str() != "rate_iops")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     overrides.retain(|(k, _)| !CONFINED.contains(&k.as_str()));
-    let jobs = jobfile::parse_str(&workload.job_text, Path::new("(curve)"), None, &overrides).map_err(|e| e.to_string())?;
+    let jobs = jobfile::parse_str(&workload.job_text, Path::new("(curve)"), None, &overrides)
+        .map_err(|e| e.to_string())?;
     rate_override(target, &jobs)
 }
 

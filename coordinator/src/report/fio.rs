@@ -42,7 +42,11 @@ impl Acc {
         merge_bytes(&mut self.lat_intended, &t.lat_intended_hist);
     }
     fn dir_stats(&self, ios: u64, bytes: u64, errors: u64) -> DirStats {
-        let dense = |h: &Option<SparseHistogram>| h.as_ref().map(|s| s.to_dense()).unwrap_or_else(latency_histogram);
+        let dense = |h: &Option<SparseHistogram>| {
+            h.as_ref()
+                .map(|s| s.to_dense())
+                .unwrap_or_else(latency_histogram)
+        };
         DirStats {
             ios,
             bytes,

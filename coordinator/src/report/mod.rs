@@ -36,5 +36,6 @@ pub fn write_run_dir(dir: &Path, results: &RunResults) -> std::io::Result<()> {
 pub fn read_run_dir(dir: &Path) -> Result<RunResults, String> {
     let path = dir.join("results.json");
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{}: not a lockstep results file: {e}", path.display()))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{}: not a lockstep results file: {e}", path.display()))
 }

@@ -41,7 +41,8 @@ fn summary_line(s: &Summary) -> String {
     )
 }
 
-const HEAD: &str = "read IOPS write IOPS    MiB/s  mean ms   p50 ms   p99 ms p99.9 ms   max ms errors";
+const HEAD: &str =
+    "read IOPS write IOPS    MiB/s  mean ms   p50 ms   p99 ms p99.9 ms   max ms errors";
 
 pub fn render(r: &RunResults) -> String {
     let mut o = String::new();
@@ -63,13 +64,18 @@ pub fn render(r: &RunResults) -> String {
     let _ = writeln!(
         o,
         "start skew (measured): {}",
-        r.start_skew_ns.map_or("n/a".into(), |s| format!("{:.3} ms across agents", s as f64 / 1e6))
+        r.start_skew_ns.map_or("n/a".into(), |s| format!(
+            "{:.3} ms across agents",
+            s as f64 / 1e6
+        ))
     );
     let _ = writeln!(o, "\nagents:");
     for a in &r.agents {
         let state = match &a.state {
             AgentState::Finished => "ok".to_string(),
-            AgentState::Lost { at_ms, reason } => format!("LOST at t={:.1}s ({reason})", *at_ms as f64 / 1000.0),
+            AgentState::Lost { at_ms, reason } => {
+                format!("LOST at t={:.1}s ({reason})", *at_ms as f64 / 1000.0)
+            }
             AgentState::Failed { reason } => format!("FAILED ({reason})"),
         };
         let _ = writeln!(
@@ -79,21 +85,31 @@ pub fn render(r: &RunResults) -> String {
             a.address,
             a.clock.offset_ns as f64 / 1e6,
             a.clock.rtt_ns as f64 / 1e6,
-            a.start_lateness_ns.map_or("?".into(), |l| format!("{:+.3} ms", l as f64 / 1e6)),
+            a.start_lateness_ns
+                .map_or("?".into(), |l| format!("{:+.3} ms", l as f64 / 1e6)),
         );
         for e in a.errors.iter().take(3) {
             let _ = writeln!(o, "      {e}");
         }
     }
-    let open_loop = r.volumes.iter().any(|v| v.summary.total.lat_intended.is_some());
+    let open_loop = r
+        .volumes
+        .iter()
+        .any(|v| v.summary.total.lat_intended.is_some());
     let _ = writeln!(
         o,
         "\nvolumes (latency {}):",
-        if open_loop { "from the intended issue time, coordinated omission corrected" } else { "from issue to completion" }
+        if open_loop {
+            "from the intended issue time, coordinated omission corrected"
+        } else {
+            "from issue to completion"
+        }
     );
     let _ = writeln!(o, "  {:<24} {:<10} {HEAD}  queue", "node/volume", "role");
     for v in &r.volumes {
-        let lost = v.lost_at_ms.map_or(String::new(), |t| format!("  lost at {:.1}s", t as f64 / 1000.0));
+        let lost = v.lost_at_ms.map_or(String::new(), |t| {
+            format!("  lost at {:.1}s", t as f64 / 1000.0)
+        });
         let _ = writeln!(
             o,
             "  {:<24} {:<10} {}  {:>5.1}{lost}",
@@ -134,7 +150,10 @@ pub fn render(r: &RunResults) -> String {
                 f.volume,
                 f.fault,
                 f.start_ms as f64 / 1000.0,
-                f.end_ms.map_or(" to the end".into(), |e| format!(" to t={:.1}s", e as f64 / 1000.0))
+                f.end_ms.map_or(" to the end".into(), |e| format!(
+                    " to t={:.1}s",
+                    e as f64 / 1000.0
+                ))
             );
         }
     }
@@ -154,7 +173,12 @@ pub fn render(r: &RunResults) -> String {
     if !r.objectives.is_empty() {
         let _ = writeln!(o, "\nobjectives:");
         for ob in &r.objectives {
-            let _ = writeln!(o, "  [{}] {}", if ob.passed { "pass" } else { "FAIL" }, ob.objective);
+            let _ = writeln!(
+                o,
+                "  [{}] {}",
+                if ob.passed { "pass" } else { "FAIL" },
+                ob.objective
+            );
             for f in ob.failures.iter().take(5) {
                 let _ = writeln!(o, "         {f}");
             }
