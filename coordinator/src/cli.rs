@@ -25,6 +25,8 @@ use crate::timeline::VolumeModel;
 pub struct RunArgs {
     pub plan: PathBuf,
     pub local: Option<usize>,
+    /// Start the local agents with `--allow-exec`.
+    pub allow_exec: bool,
     pub output: Option<PathBuf>,
     /// Extra agents `NAME=HOST:PORT` (added to the plan's `[[agent]]` list).
     pub agents: Vec<(String, String)>,
@@ -431,7 +433,8 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
                 volumes_root.display()
             );
         }
-        let cluster = LocalCluster::start(n, &volumes_root, Duration::from_secs(5)).await?;
+        let cluster =
+            LocalCluster::start(n, &volumes_root, Duration::from_secs(5), args.allow_exec).await?;
         let infos = cluster
             .agents
             .iter()

@@ -79,6 +79,10 @@ pub struct FaultDrill {
     pub volumes: Vec<DrillTarget>,
     /// Every volume of the run merged (not only the affected ones): what the cluster felt.
     pub cluster: DrillTarget,
+    /// What the agents said happened (`node: detail`, e.g. an exec command's exit status),
+    /// once per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -448,6 +452,12 @@ pub fn analyze(
                 .collect();
             names.sort();
             names.dedup();
+            let mut details: Vec<String> = members
+                .iter()
+                .filter_map(|f| Some(format!("{}: {}", f.node, f.detail.as_ref()?)))
+                .collect();
+            details.sort();
+            details.dedup();
             let volumes = names
                 .into_iter()
                 .map(|n| {
@@ -459,6 +469,7 @@ pub fn analyze(
                 fault: kind,
                 start_ms,
                 end_ms,
+                details,
                 volumes,
                 cluster: target(
                     "cluster".into(),
@@ -643,6 +654,9 @@ pub fn render_text(r: &DrillReport) -> String {
             f.end_ms
                 .map_or("the end".into(), |e| format!("t={}s", secs(e)))
         );
+        for d in &f.details {
+            let _ = writeln!(o, "    {d}");
+        }
         let _ = writeln!(
             o,
             "    {:<20} {:<8} {:>11} {:>9} {:>6} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}",
@@ -786,6 +800,7 @@ mod tests {
             fault: kind.into(),
             start_ms: s,
             end_ms: e,
+            detail: None,
         }
     }
 

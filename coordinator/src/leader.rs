@@ -524,6 +524,7 @@ async fn execute(
     let args = crate::cli::RunArgs {
         plan: plan_path,
         local: None,
+        allow_exec: false,
         output: Some(out_dir.clone()),
         agents: Vec::new(),
         token: opts.token.clone(),

@@ -67,7 +67,12 @@ fn random_token() -> String {
 
 impl LocalCluster {
     /// Starts `n` agents with volume directories under `root` (created, and removed on drop).
-    pub async fn start(n: usize, root: &Path, grace: Duration) -> Result<Self, LocalError> {
+    pub async fn start(
+        n: usize,
+        root: &Path,
+        grace: Duration,
+        allow_exec: bool,
+    ) -> Result<Self, LocalError> {
         let bin = agent_binary()?;
         let token = random_token();
         let mut agents = Vec::with_capacity(n);
@@ -85,6 +90,7 @@ impl LocalCluster {
                 .arg(format!("data={}", dir.display()))
                 .args(["--label", &format!("node={name}")])
                 .args(["--grace", &format!("{}ms", grace.as_millis())])
+                .args(allow_exec.then_some("--allow-exec"))
                 .env("LOCKSTEP_TOKEN", &token)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -21,6 +21,10 @@ enum Command {
         /// Start N agents on this machine, each on its own directory.
         #[arg(long, value_name = "N")]
         local: Option<usize>,
+        /// With --local: start the agents with --allow-exec, so the plan's exec faults may run
+        /// commands on this machine.
+        #[arg(long, requires = "local")]
+        allow_exec: bool,
         /// Results directory (default: a new one under ./lockstep-runs/).
         #[arg(long)]
         output: Option<PathBuf>,
@@ -179,6 +183,7 @@ fn main() -> ExitCode {
         Command::Run {
             plan,
             local,
+            allow_exec,
             output,
             agents,
             token,
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
             cli::run_command(RunArgs {
                 plan,
                 local,
+                allow_exec,
                 output,
                 agents,
                 token,

@@ -122,6 +122,20 @@ pub struct AgentResult {
     /// Errors the agent reported (job errors, aborted, coordinator lost).
     #[serde(default)]
     pub errors: Vec<String>,
+    /// When its event stream broke mid-run, and whether the coordinator re-attached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disconnections: Vec<Disconnection>,
+}
+
+/// The coordinator lost an agent's event stream (network cut, paused or dead agent) and tried to
+/// re-attach; events the agent kept meanwhile are replayed after a re-attach.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Disconnection {
+    /// ms since the synchronized start.
+    pub at_ms: u64,
+    #[serde(default)]
+    pub reattached_ms: Option<u64>,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
 use lockstep_proto::v1::{
-    AbortRequest, PrepareRequest, RunEvent, StartRequest, VolumeResult as WireVolumeResult,
-    VolumeWork as WireVolumeWork, run_event,
+    AbortRequest, AttachRequest, PrepareRequest, RunEvent, StartRequest,
+    VolumeResult as WireVolumeResult, VolumeWork as WireVolumeWork, run_event,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
@@ -20,7 +20,7 @@ use crate::client::{self, Connected};
 use crate::clock::{self, ClockEstimate};
 use crate::hlog::HlogWriter;
 use crate::merge::{Merger, VolumeInfo};
-use crate::results::{AgentResult, AgentState, PhaseResult, RunResults, RunStatus};
+use crate::results::{AgentResult, AgentState, Disconnection, PhaseResult, RunResults, RunStatus};
 use crate::timeline::{FaultWindow, VolumeModel};
 
 /// The work of one volume.
@@ -94,8 +94,20 @@ pub enum RunError {
 
 enum Ev {
     Event(usize, RunEvent),
-    /// The stream ended (cleanly after Final, or broken).
+    /// The stream broke before the final result; re-attaching.
+    Detached(usize, String),
+    /// A re-attach worked: the agent replays what it kept, then goes on.
+    Reattached(usize),
+    /// The stream ended for good (cleanly after Final, or broken and no re-attach worked).
     Ended(usize, Option<String>),
+}
+
+/// How long to keep trying to re-attach to an agent whose stream broke: as long as the agent
+/// itself keeps running without a coordinator (its grace period, 10 s when it does not say),
+/// plus a margin for the agent to notice.
+fn reattach_window(grace_ms: u64) -> Duration {
+    let grace = if grace_ms == 0 { 10_000 } else { grace_ms };
+    Duration::from_millis(grace) + Duration::from_secs(5)
 }
 
 struct AgentRun {
@@ -107,6 +119,8 @@ struct AgentRun {
     /// Last time anything came from it (for the stall warning).
     last_heard: Instant,
     stalled_warned: bool,
+    /// Times its stream broke, and whether re-attaching worked.
+    disconnections: Vec<Disconnection>,
 }
 
 /// Everything the caller needs besides the results: the per-volume final results (fio JSON and
@@ -149,6 +163,7 @@ pub async fn execute(
             start_lateness_ns: None,
             last_heard: Instant::now(),
             stalled_warned: false,
+            disconnections: Vec::new(),
         });
     }
     let worst_rtt = agents.iter().map(|a| a.clock.rtt_ns).max().unwrap_or(0);
@@ -296,31 +311,16 @@ pub async fn execute(
                 message: agents[i].conn.err(s).to_string(),
             })?;
             let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut stream = stream.into_inner();
-                loop {
-                    match stream.next().await {
-                        Some(Ok(ev)) => {
-                            if tx.send(Ev::Event(i, ev)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Some(Err(s)) => {
-                            let _ = tx
-                                .send(Ev::Ended(
-                                    i,
-                                    Some(format!("{}: {}", code_name(s.code()), s.message())),
-                                ))
-                                .await;
-                            return;
-                        }
-                        None => {
-                            let _ = tx.send(Ev::Ended(i, None)).await;
-                            return;
-                        }
-                    }
-                }
-            });
+            let window = reattach_window(agents[i].conn.hello.grace_ms);
+            let run_id = run_id.clone();
+            tokio::spawn(follow_agent(
+                i,
+                stream.into_inner(),
+                client,
+                run_id,
+                window,
+                tx,
+            ));
         }
         drop(tx);
         observer.phase_started(&phase.name, phase.duration, phase.measure);
@@ -361,21 +361,26 @@ pub async fn execute(
                                         }
                                     }
                                 }
+                                run_event::Event::Fault(fe) => {
+                                    let w = fault_window(&agents[i], start_ns, &fe);
+                                    let what = match (w.end_ms, w.detail.as_deref()) {
+                                        (None, None | Some("")) => format!("began at t={:.1}s", w.start_ms as f64 / 1000.0),
+                                        (None, Some(d)) => format!("began at t={:.1}s: {d}", w.start_ms as f64 / 1000.0),
+                                        (Some(e), None | Some("")) => format!("ended at t={:.1}s", e as f64 / 1000.0),
+                                        (Some(e), Some(d)) => format!("ended at t={:.1}s: {d}", e as f64 / 1000.0),
+                                    };
+                                    if faults.iter().all(|f| !(f.node == w.node && f.fault == w.fault && f.start_ms == w.start_ms && f.end_ms == w.end_ms && f.detail == w.detail)) {
+                                        observer.message(&format!("fault {} on {}/{} {what}", w.fault, w.node, w.volume));
+                                    }
+                                    upsert_fault(&mut faults, w);
+                                }
                                 run_event::Event::Final(f) => {
                                     if !f.error.is_empty() {
                                         agents[i].errors.push(f.error.clone());
                                     }
                                     for fe in &f.faults {
-                                        let to_ms = |ns: i64| {
-                                            ((agents[i].clock.to_coordinator(ns) - start_ns).max(0) / 1_000_000) as u64
-                                        };
-                                        faults.push(FaultWindow {
-                                            node: agents[i].conn.name.clone(),
-                                            volume: fe.volume.clone(),
-                                            fault: fe.fault.clone(),
-                                            start_ms: to_ms(fe.start_agent_ns),
-                                            end_ms: (fe.end_agent_ns != 0).then(|| to_ms(fe.end_agent_ns)),
-                                        });
+                                        let w = fault_window(&agents[i], start_ns, fe);
+                                        upsert_fault(&mut faults, w);
                                     }
                                     for v in f.volumes {
                                         if !v.error.is_empty() {
@@ -391,11 +396,39 @@ pub async fn execute(
                             }
                         }
                         Ev::Event(_, RunEvent { event: None }) => {}
+                        Ev::Detached(i, why) => {
+                            let at_ms = phase_t0.elapsed().as_millis() as u64;
+                            observer.message(&format!(
+                                "agent {} disconnected at t={:.1}s ({why}); re-attaching for up to {:.0}s (the agent keeps running for its grace period)",
+                                agents[i].conn.name, at_ms as f64 / 1000.0,
+                                reattach_window(agents[i].conn.hello.grace_ms).as_secs_f64()
+                            ));
+                            agents[i].disconnections.push(Disconnection { at_ms, reattached_ms: None, reason: why });
+                        }
+                        Ev::Reattached(i) => {
+                            let at_ms = phase_t0.elapsed().as_millis() as u64;
+                            agents[i].last_heard = Instant::now();
+                            agents[i].stalled_warned = false;
+                            let name = agents[i].conn.name.clone();
+                            if let Some(d) = agents[i].disconnections.last_mut() {
+                                d.reattached_ms = Some(at_ms);
+                                observer.message(&format!(
+                                    "agent {name} re-attached at t={:.1}s, {:.1}s after it was lost; it replays what it kept",
+                                    at_ms as f64 / 1000.0,
+                                    at_ms.saturating_sub(d.at_ms) as f64 / 1000.0
+                                ));
+                            }
+                        }
                         Ev::Ended(i, why) => {
                             if !finished[i] {
                                 finished[i] = true;
                                 pending -= 1;
-                                let at_ms = phase_t0.elapsed().as_millis() as u64;
+                                // Lost from when its stream first broke, not from when we gave up.
+                                let at_ms = agents[i]
+                                    .disconnections
+                                    .last()
+                                    .filter(|d| d.reattached_ms.is_none())
+                                    .map_or_else(|| phase_t0.elapsed().as_millis() as u64, |d| d.at_ms);
                                 let reason = why.unwrap_or_else(|| "stream ended without a final result".into());
                                 observer.message(&format!("agent {} lost at t={:.1}s: {reason}", agents[i].conn.name, at_ms as f64 / 1000.0));
                                 merger.mark_lost(&agents[i].conn.name, at_ms);
@@ -409,7 +442,8 @@ pub async fn execute(
                     let silent_after = spec.interval * 3 + Duration::from_secs(2);
                     for &i in &prepared {
                         let a = &mut agents[i];
-                        if !finished[i] && !a.stalled_warned && Instant::now() > phase_t0 && a.last_heard.elapsed() > silent_after {
+                        let detached = a.disconnections.last().is_some_and(|d| d.reattached_ms.is_none());
+                        if !finished[i] && !detached && !a.stalled_warned && Instant::now() > phase_t0 && a.last_heard.elapsed() > silent_after {
                             a.stalled_warned = true;
                             let msg = format!("agent {} stalled: nothing for {:.1}s", a.conn.name, a.last_heard.elapsed().as_secs_f64());
                             a.errors.push(msg.clone());
@@ -520,6 +554,7 @@ pub async fn execute(
                 start_lateness_ns: a.start_lateness_ns,
                 state: a.state.clone(),
                 errors: a.errors.clone(),
+                disconnections: a.disconnections.clone(),
             })
             .collect(),
         start_skew_ns: measured_start_skew,
@@ -538,6 +573,108 @@ pub async fn execute(
         curve: None,
     };
     Ok(RunOutput { results, finals })
+}
+
+/// Reads an agent's event stream to the end; when it breaks before the final result, tries to
+/// re-attach (the agent keeps its events while nobody listens) until `window` has passed or the
+/// agent says it no longer has the run.
+async fn follow_agent(
+    i: usize,
+    mut stream: tonic::Streaming<RunEvent>,
+    mut client: client::Client,
+    run_id: String,
+    window: Duration,
+    tx: mpsc::Sender<Ev>,
+) {
+    loop {
+        let mut got_final = false;
+        let broke = loop {
+            match stream.next().await {
+                Some(Ok(ev)) => {
+                    got_final |= matches!(ev.event, Some(run_event::Event::Final(_)));
+                    if tx.send(Ev::Event(i, ev)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Err(s)) => break format!("{}: {}", code_name(s.code()), s.message()),
+                None => break "stream ended without a final result".to_string(),
+            }
+        };
+        if got_final {
+            let _ = tx.send(Ev::Ended(i, None)).await;
+            return;
+        }
+        if tx.send(Ev::Detached(i, broke.clone())).await.is_err() {
+            return;
+        }
+        let deadline = Instant::now() + window;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let req = AttachRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: run_id.clone(),
+            };
+            let last = match tokio::time::timeout(Duration::from_secs(3), client.attach(req)).await
+            {
+                Ok(Ok(s)) => {
+                    stream = s.into_inner();
+                    if tx.send(Ev::Reattached(i)).await.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                    let why = format!(
+                        "{broke}; then the agent no longer had the run (restarted?): {}",
+                        s.message()
+                    );
+                    let _ = tx.send(Ev::Ended(i, Some(why))).await;
+                    return;
+                }
+                Ok(Err(s)) => format!("{}: {}", code_name(s.code()), s.message()),
+                Err(_) => "no answer within 3 s".into(),
+            };
+            if Instant::now() > deadline {
+                let why = format!(
+                    "{broke}; re-attaching failed for {:.0}s (last: {last})",
+                    window.as_secs_f64()
+                );
+                let _ = tx.send(Ev::Ended(i, Some(why))).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A fault event in the coordinator's clock, ms since the synchronized start.
+fn fault_window(a: &AgentRun, start_ns: i64, fe: &lockstep_proto::v1::FaultEvent) -> FaultWindow {
+    let to_ms = |ns: i64| ((a.clock.to_coordinator(ns) - start_ns).max(0) / 1_000_000) as u64;
+    FaultWindow {
+        node: a.conn.name.clone(),
+        volume: fe.volume.clone(),
+        fault: fe.fault.clone(),
+        start_ms: to_ms(fe.start_agent_ns),
+        end_ms: (fe.end_agent_ns != 0).then(|| to_ms(fe.end_agent_ns)),
+        detail: (!fe.detail.is_empty()).then(|| fe.detail.clone()),
+    }
+}
+
+/// Adds a fault window, or completes the one already known (an agent-wide fault is sent when it
+/// begins and again when it ends, then once more in the final result).
+fn upsert_fault(faults: &mut Vec<FaultWindow>, w: FaultWindow) {
+    match faults.iter_mut().find(|f| {
+        f.node == w.node && f.volume == w.volume && f.fault == w.fault && f.start_ms == w.start_ms
+    }) {
+        Some(f) => {
+            if w.end_ms.is_some() {
+                f.end_ms = w.end_ms;
+            }
+            if w.detail.is_some() {
+                f.detail = w.detail;
+            }
+        }
+        None => faults.push(w),
+    }
 }
 
 fn code_name(c: tonic::Code) -> &'static str {

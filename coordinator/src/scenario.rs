@@ -525,6 +525,7 @@ pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
         fault: what.into(),
         start_ms: from as u64 * spec.interval_ms,
         end_ms: (to < n).then(|| to as u64 * spec.interval_ms),
+        detail: None,
     };
     let volume_label = |v: usize, kind: ChokepointKind, s: &[VolumeSeries]| Expected::Volume {
         node: s[v].node.clone(),

@@ -97,4 +97,7 @@ pub struct FaultWindow {
     pub start_ms: u64,
     #[serde(default)]
     pub end_ms: Option<u64>,
+    /// What happened, when there is more to say (an exec command's exit status and output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }

@@ -9,6 +9,7 @@
 //!   stream intervals → final result), with the safety rule that an agent whose coordinator is
 //!   gone for longer than the grace period stops its own IO: no runaway load on a production host.
 
+pub mod agent_faults;
 pub mod aggregate;
 pub mod metrics;
 pub mod notify;
@@ -148,6 +149,16 @@ impl EventHub {
         inner.detached_since.map(|t| t.elapsed())
     }
 
+    /// Breaks the stream of whoever listens (a `cut_off` fault): they get UNAVAILABLE, and
+    /// events are kept for a re-attach from now on.
+    fn cut(&self, reason: &str) {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(tx) = inner.tx.take() {
+            let _ = tx.try_send(Err(Status::unavailable(reason)));
+            inner.detached_since = Some(Instant::now());
+        }
+    }
+
     /// The run ended: close the stream after the last event.
     fn finish(&self) {
         let mut inner = self.inner.lock().unwrap();
@@ -194,6 +205,11 @@ struct Shared {
     cfg: DaemonConfig,
     phase: Mutex<Phase>,
     metrics: Arc<Metrics>,
+    /// Set while a `cut_off` fault refuses every call.
+    cut_off: Arc<agent_faults::CutOff>,
+    /// The last run that ended, so a coordinator that lost the stream near the end can still
+    /// re-attach and get the final result.
+    last_run: Mutex<Option<(String, Arc<EventHub>)>>,
 }
 
 #[derive(Clone)]
@@ -220,6 +236,8 @@ impl AgentService {
                 cfg,
                 phase: Mutex::new(Phase::Idle),
                 metrics,
+                cut_off: Arc::new(agent_faults::CutOff::default()),
+                last_run: Mutex::new(None),
             }),
         }
     }
@@ -236,7 +254,13 @@ impl AgentService {
         impl tonic::service::Interceptor + Clone,
     > {
         let token = self.shared.cfg.token.clone();
-        AgentServer::with_interceptor(self, move |req: Request<()>| check_token(&token, req))
+        let cut_off = self.shared.cut_off.clone();
+        AgentServer::with_interceptor(self, move |req: Request<()>| {
+            if let Some(why) = cut_off.refusal() {
+                return Err(Status::unavailable(why));
+            }
+            check_token(&token, req)
+        })
     }
 
     fn busy_with(&self) -> String {
@@ -291,6 +315,10 @@ impl AgentService {
                 .collect::<Result<Vec<_>, String>>()?;
             crate::fault::validate_all(&faults)
                 .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
+                agent_faults::check(f, cfg.allow_exec)
+                    .map_err(|e| format!("volume '{}': fault {e}", work.volume))?;
+            }
             let opts = RunOptions {
                 allow_block_devices: cfg.allow_block_devices,
                 ..RunOptions::default()
@@ -386,6 +414,7 @@ impl Agent for AgentService {
                 block_devices_allowed: cfg.allow_block_devices,
             }),
             busy_with_run: self.busy_with(),
+            grace_ms: cfg.grace.as_millis() as u64,
         }))
     }
 
@@ -496,7 +525,7 @@ impl Agent for AgentService {
         let shared = self.shared.clone();
         std::thread::Builder::new()
             .name(format!("run-{}", req.run_id))
-            .spawn(move || run(shared, volumes, hub, stop, start_at, keep_files))
+            .spawn(move || run(shared, req.run_id, volumes, hub, stop, start_at, keep_files))
             .map_err(|e| Status::internal(format!("cannot start the run thread: {e}")))?;
         Ok(Response::new(Box::pin(stream)))
     }
@@ -536,10 +565,16 @@ impl Agent for AgentService {
             Phase::Running { run_id, hub, .. } if *run_id == req.run_id => {
                 Ok(Response::new(Box::pin(hub.attach())))
             }
-            _ => Err(Status::not_found(format!(
-                "run {} is not running on this agent",
-                req.run_id
-            ))),
+            _ => match &*self.shared.last_run.lock().unwrap() {
+                // Ended while nobody listened: replay what is left, the final result last.
+                Some((run_id, hub)) if *run_id == req.run_id => {
+                    Ok(Response::new(Box::pin(hub.attach())))
+                }
+                _ => Err(Status::not_found(format!(
+                    "run {} is not running on this agent",
+                    req.run_id
+                ))),
+            },
         }
     }
 }
@@ -548,6 +583,7 @@ impl Agent for AgentService {
 /// a watchdog for the coordinator's presence, then the final result.
 fn run(
     shared: Arc<Shared>,
+    run_id: String,
     volumes: Vec<PreparedVolume>,
     hub: Arc<EventHub>,
     stop: Arc<AtomicBool>,
@@ -558,8 +594,23 @@ fn run(
     let grace = shared.cfg.grace;
     let lost_coordinator = Arc::new(AtomicBool::new(false));
     let mut fault_events = Vec::new();
+    let agent_wide = agent_faults::collect(volumes.iter().map(|v| v.faults.as_slice()));
+    let volume_paths: Vec<(String, String)> = volumes
+        .iter()
+        .map(|v| {
+            let path = shared
+                .cfg
+                .volumes
+                .iter()
+                .find(|c| c.name == v.name)
+                .map(|c| c.path.display().to_string())
+                .unwrap_or_default();
+            (v.name.clone(), path)
+        })
+        .collect();
     for v in &volumes {
-        for f in &v.faults {
+        // Agent-wide faults are recorded as they actually happen, below.
+        for f in v.faults.iter().filter(|f| !f.kind.is_agent_wide()) {
             let start = start_at + Duration::from_millis(f.at_ms);
             fault_events.push(FaultEvent {
                 volume: v.name.clone(),
@@ -568,6 +619,7 @@ fn run(
                 end_agent_ns: f
                     .duration_ms
                     .map_or(0, |d| unix_ns(start + Duration::from_millis(d))),
+                detail: String::new(),
             });
         }
     }
@@ -598,6 +650,25 @@ fn run(
                 }
             });
         }
+        // Agent-wide faults, each on a thread of its own, timed from the start instant.
+        let origin = Instant::now()
+            + start_at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+        let agent_fault_threads: Vec<_> = agent_wide
+            .into_iter()
+            .map(|f| {
+                let ctx = agent_faults::Context {
+                    hub: hub.clone(),
+                    cut_off: shared.cut_off.clone(),
+                    run_id: run_id.clone(),
+                    agent: shared.cfg.name.clone(),
+                    volumes: volume_paths.clone(),
+                    done: done.clone(),
+                };
+                scope.spawn(move || agent_faults::run(f, origin, ctx))
+            })
+            .collect();
         let handles: Vec<_> = volumes
             .into_iter()
             .map(|v| {
@@ -694,6 +765,9 @@ fn run(
             .map(|h| h.join().expect("volume thread panicked"))
             .collect();
         done.store(true, Ordering::Relaxed);
+        for t in agent_fault_threads {
+            fault_events.extend(t.join().expect("fault thread panicked"));
+        }
         results
     });
     let error = if lost_coordinator.load(Ordering::Relaxed) {
@@ -714,6 +788,7 @@ fn run(
         })),
     });
     hub.finish();
+    *shared.last_run.lock().unwrap() = Some((run_id, hub.clone()));
     *shared.phase.lock().unwrap() = Phase::Idle;
     shared.metrics.set_state(0);
 }

@@ -64,7 +64,7 @@ pub use build::{GateSet, SharedGate, build_fault, build_gate};
 pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
 pub use faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault};
 pub use spec::{
-    BwCapSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, FaultError, FaultKind, FaultSpec,
-    IopsCapSpec, KernelThrottleSpec, LatencyDistribution, LatencySpec, SpecError, StallSpec,
-    VolumeType, Window, active_faults, validate_all,
+    BwCapSpec, CutOffSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, ExecSpec, FaultError,
+    FaultKind, FaultSpec, IopsCapSpec, KernelThrottleSpec, KillSpec, LatencyDistribution,
+    LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, Window, active_faults, validate_all,
 };

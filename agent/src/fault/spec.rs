@@ -42,6 +42,46 @@ pub enum FaultKind {
     Stall(StallSpec),
     DropWrites(DropWritesSpec),
     KernelThrottle(KernelThrottleSpec),
+    Kill(KillSpec),
+    Pause(PauseSpec),
+    CutOff(CutOffSpec),
+    Exec(ExecSpec),
+}
+
+/// The agent kills itself (SIGKILL) at `at`: a crashed host or process. Nothing is flushed,
+/// no final result is sent; the coordinator sees the agent disappear. Agent-wide: every volume
+/// of the agent stops. Never comes back by itself (a supervisor such as systemd may restart it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KillSpec {}
+
+/// The whole agent process is stopped (SIGSTOP) for the window and continued (SIGCONT) at its
+/// end, like `docker pause` or a VM freeze: no IO is issued or reaped, nothing is reported, the
+/// open-loop schedule falls behind and catches up after. Agent-wide.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseSpec {}
+
+/// The agent is cut off from its coordinators for the window: its event streams break and every
+/// call is refused, while its IO goes on (a network partition between the coordinator and a
+/// host whose storage is local). Events are kept and replayed when a coordinator re-attaches.
+/// Agent-wide.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CutOffSpec {}
+
+/// A command run on the agent's host (`sh -c`) when the window opens, and optionally another when
+/// it closes (`mdadm --fail`, a cloud API call, `systemctl stop ...`). Only on an agent started
+/// with `--allow-exec`; refused before the run otherwise. Agent-wide: once per agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    pub start: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    /// A command still running after this long is killed (default 60 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 /// IOs per second, like cgroup v2 `io.max` `riops`/`wiops` (every IO counts 1 whatever its size),
@@ -236,7 +276,20 @@ impl FaultKind {
             FaultKind::Stall(_) => "stall",
             FaultKind::KernelThrottle(_) => "kernel_throttle",
             FaultKind::DropWrites(_) => "drop_writes",
+            FaultKind::Kill(_) => "kill",
+            FaultKind::Pause(_) => "pause",
+            FaultKind::CutOff(_) => "cut_off",
+            FaultKind::Exec(_) => "exec",
         }
+    }
+
+    /// Faults that act on the whole agent (its process, its connection, its host) rather than
+    /// on one volume's IOs: done once per agent whatever volumes they target.
+    pub fn is_agent_wide(&self) -> bool {
+        matches!(
+            self,
+            FaultKind::Kill(_) | FaultKind::Pause(_) | FaultKind::CutOff(_) | FaultKind::Exec(_)
+        )
     }
 
     /// Gates decide *when* an IO goes (`IoGate`); the rest decide *what happens* (`IoFault`).
@@ -384,10 +437,50 @@ impl FaultSpec {
                     }
                 }
             }
+            FaultKind::Kill(_) => {
+                if self.duration_ms.is_some() {
+                    return Err(err(
+                        "duration",
+                        "is not allowed: a killed agent does not come back by itself (its supervisor may restart it)".into(),
+                    ));
+                }
+            }
+            FaultKind::Pause(_) | FaultKind::CutOff(_) => match self.duration_ms {
+                None => {
+                    return Err(err(
+                        "duration",
+                        "is required: the agent must come back (an open-ended pause or cut-off would leave it stopped or unreachable)".into(),
+                    ));
+                }
+                Some(d) if d > MAX_AGENT_FAULT_MS => {
+                    return Err(err("duration", format!("must be at most 1 h, got {d} ms")));
+                }
+                Some(_) => {}
+            },
+            FaultKind::Exec(e) => {
+                if e.start.trim().is_empty() {
+                    return Err(err("start", "must be a command".into()));
+                }
+                if e.end.as_ref().is_some_and(|c| c.trim().is_empty()) {
+                    return Err(err("end", "must be a command (or omitted)".into()));
+                }
+                if e.end.is_some() && self.duration_ms.is_none() {
+                    return Err(err(
+                        "end",
+                        "needs a duration: it runs when the window closes".into(),
+                    ));
+                }
+                if e.timeout_ms == Some(0) {
+                    return Err(err("timeout_ms", "must be > 0".into()));
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// Longest pause or cut-off a plan may ask for.
+const MAX_AGENT_FAULT_MS: u64 = 3_600_000;
 
 fn check_fraction(f: f64) -> Result<(), String> {
     if f.is_finite() && (0.0..=1.0).contains(&f) {
@@ -618,6 +711,15 @@ impl fmt::Display for FaultSpec {
                     }
                 }
             }
+            FaultKind::Kill(_) => write!(f, "kill the agent")?,
+            FaultKind::Pause(_) => write!(f, "pause the agent")?,
+            FaultKind::CutOff(_) => write!(f, "cut the agent off")?,
+            FaultKind::Exec(e) => {
+                write!(f, "exec `{}`", e.start)?;
+                if let Some(end) = &e.end {
+                    write!(f, " then `{end}`")?;
+                }
+            }
         }
         let secs = |ms: u64| ms as f64 / 1000.0;
         match self.duration_ms {
@@ -686,10 +788,59 @@ mod tests {
             })),
             FaultSpec::new(FaultKind::Stall(StallSpec {})).window_ms(5000, Some(100)),
             FaultSpec::new(FaultKind::DropWrites(DropWritesSpec { fraction: 0.001 })),
+            FaultSpec::new(FaultKind::Kill(KillSpec {})).window_ms(9000, None),
+            FaultSpec::new(FaultKind::Pause(PauseSpec {})).window_ms(1000, Some(3000)),
+            FaultSpec::new(FaultKind::CutOff(CutOffSpec {})).window_ms(1000, Some(3000)),
+            FaultSpec::new(FaultKind::Exec(ExecSpec {
+                start: "systemctl stop mysqld".into(),
+                end: Some("systemctl start mysqld".into()),
+                timeout_ms: Some(30_000),
+            }))
+            .window_ms(1000, Some(3000)),
         ];
         let json = serde_json::to_string(&specs).unwrap();
         let back: Vec<FaultSpec> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, specs);
+    }
+
+    #[test]
+    fn agent_wide_faults_need_the_right_window() {
+        let problem = |json: &str| {
+            let s: FaultSpec = serde_json::from_str(json).unwrap();
+            s.validate().map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert!(
+            problem(r#"{"kind":"kill","at_ms":5000,"duration_ms":1000}"#)
+                .unwrap_err()
+                .starts_with("duration is not allowed")
+        );
+        assert!(problem(r#"{"kind":"kill","at_ms":5000}"#).is_ok());
+        for kind in ["pause", "cut_off"] {
+            let e = problem(&format!(r#"{{"kind":"{kind}","at_ms":5000}}"#)).unwrap_err();
+            assert!(e.starts_with("duration is required"), "{e}");
+            assert!(problem(&format!(r#"{{"kind":"{kind}","duration_ms":2000}}"#)).is_ok());
+            let e = problem(&format!(r#"{{"kind":"{kind}","duration_ms":3600001}}"#)).unwrap_err();
+            assert!(e.contains("at most 1 h"), "{e}");
+        }
+        let e = problem(r#"{"kind":"exec","start":"  "}"#).unwrap_err();
+        assert_eq!(e, "start must be a command");
+        let e = problem(r#"{"kind":"exec","start":"true","end":"false"}"#).unwrap_err();
+        assert!(e.starts_with("end needs a duration"), "{e}");
+        assert!(
+            problem(r#"{"kind":"exec","start":"true","end":"false","duration_ms":10}"#).is_ok()
+        );
+        let e = serde_json::from_str::<FaultSpec>(r#"{"kind":"exec","command":"x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `command`"), "{e}");
+        for kind in ["kill", "pause", "cut_off", "exec"] {
+            let s: FaultSpec = serde_json::from_str(&format!(r#"{{"kind":"{kind}","start":"x"}}"#))
+                .or_else(|_| serde_json::from_str(&format!(r#"{{"kind":"{kind}"}}"#)))
+                .unwrap();
+            assert!(s.kind.is_agent_wide(), "{kind}");
+        }
+        let stall: FaultSpec = serde_json::from_str(r#"{"kind":"stall"}"#).unwrap();
+        assert!(!stall.kind.is_agent_wide());
     }
 
     #[test]

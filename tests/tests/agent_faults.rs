@@ -1,0 +1,308 @@
+//! Agent-wide faults end to end on real local agents (`lockstep run --local 2`): an agent
+//! paused with SIGSTOP, cut off from its coordinator, killed with SIGKILL, and exec hooks run
+//! on its host; the coordinator re-attaches after a cut and records every fault's actual window.
+//!
+//! Timing bounds are loose (CI machines are noisy); every figure a test asserts is printed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+
+use lockstep_tests::{bin, read_json, scratch};
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run(dir: &Path, plan: &str, extra: &[&str]) -> (Output, PathBuf) {
+    let p = dir.join("plan.toml");
+    std::fs::write(&p, plan).unwrap();
+    let out = dir.join("run");
+    let o = Command::new(bin("lockstep"))
+        .args(["run", "--local", "2"])
+        .args(extra)
+        .arg(&p)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (o, out)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const WORKLOAD: &str = r#"
+[[role]]
+name = "db"
+rate_iops = 500
+[role.workload.fio]
+rw = "randwrite"
+bs = "4k"
+iodepth = 16
+size = "32m"
+ioengine = "io_uring"
+direct = 1
+"#;
+
+fn agent<'a>(r: &'a Value, name: &str) -> &'a Value {
+    r["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no agent {name}"))
+}
+
+fn fault<'a>(r: &'a Value, node: &str, kind: &str) -> &'a Value {
+    r["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["node"] == node && f["fault"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} fault on {node}: {:#}", r["faults"]))
+}
+
+/// IOs completed per interval of `node`'s volume: (interval end ms, length ms, IOs).
+fn ios_per_interval(out: &Path, node: &str) -> Vec<(u64, u64, u64)> {
+    let t = read_json(&out.join("timeline.json"));
+    let v = t["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == node)
+        .unwrap();
+    v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let ios = p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap();
+            (
+                p["t_ms"].as_u64().unwrap(),
+                p["len_ms"].as_u64().unwrap(),
+                ios,
+            )
+        })
+        .collect()
+}
+
+fn near(got: &Value, want_ms: u64, slack_ms: u64) -> bool {
+    got.as_u64()
+        .is_some_and(|g| g.abs_diff(want_ms) <= slack_ms)
+}
+
+/// A pause stops every IO of the agent for its window and the open-loop schedule catches up
+/// after (the corrected latency counts the wait); a cut-off breaks the coordinator's stream
+/// while IO goes on, and the coordinator re-attaches and gets the intervals it missed; exec runs
+/// its start and end commands on the agent's host and the report gives their exit status.
+#[test]
+fn pause_cut_off_and_exec_are_done_recorded_and_the_run_completes() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = format!(
+        r#"
+name = "agent-faults"
+duration = "10s"
+{WORKLOAD}
+[[fault]]
+at = "3s"
+duration = "3s"
+target = {{ agents = ["agent-1"] }}
+kind = "cut_off"
+
+[[fault]]
+at = "3s"
+duration = "2s"
+target = {{ agents = ["agent-2"] }}
+kind = "pause"
+
+[[fault]]
+at = "1s"
+duration = "6s"
+target = {{ agents = ["agent-2"] }}
+kind = "exec"
+start = "echo hello from $LOCKSTEP_AGENT run $LOCKSTEP_RUN_ID"
+end = "echo bye >&2; exit 4"
+"#
+    );
+    let (o, out) = run(dir.path(), &plan, &["--allow-exec"]);
+    let all = text(&o);
+    assert!(o.status.success(), "{all}");
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "completed", "{all}");
+    for a in ["agent-1", "agent-2"] {
+        assert_eq!(agent(&r, a)["state"]["state"], "finished", "{a}: {all}");
+    }
+
+    // The cut: the stream broke when it began and the coordinator re-attached after it ended.
+    let cut = fault(&r, "agent-1", "cut_off");
+    println!("cut_off: {cut}");
+    assert!(near(&cut["start_ms"], 3000, 300), "{cut}");
+    assert!(near(&cut["end_ms"], 6000, 300), "{cut}");
+    let d = &agent(&r, "agent-1")["disconnections"];
+    println!("agent-1 disconnections: {d}");
+    assert_eq!(d.as_array().map(Vec::len), Some(1), "{d}");
+    assert!(near(&d[0]["at_ms"], 3000, 500), "{d}");
+    let back = d[0]["reattached_ms"].as_u64().expect("re-attached");
+    assert!((6000..8000).contains(&back), "re-attached at {back} ms");
+    assert!(all.contains("agent agent-1 re-attached"), "{all}");
+    // IO went on during the cut, and the intervals sent while cut off were replayed.
+    let cut_ios = ios_per_interval(&out, "agent-1");
+    println!("agent-1 IOs per interval: {cut_ios:?}");
+    let full: Vec<_> = cut_ios.iter().filter(|(_, len, _)| *len >= 900).collect();
+    assert!(full.len() >= 9, "{cut_ios:?}");
+    for (end, _, ios) in full {
+        assert!(
+            *ios >= 400,
+            "agent-1 interval ending {end} ms: {ios} IOs (rate 500)"
+        );
+    }
+
+    // The pause: no IO completed while the agent was stopped.
+    let pause = fault(&r, "agent-2", "pause");
+    println!("pause: {pause}");
+    assert!(near(&pause["start_ms"], 3000, 300), "{pause}");
+    assert!(near(&pause["end_ms"], 5000, 400), "{pause}");
+    let paused = ios_per_interval(&out, "agent-2");
+    println!("agent-2 IOs per interval: {paused:?}");
+    // A stopped agent reports nothing: the interval that spans the pause comes as one long
+    // interval after it, holding the few IOs that completed around its edges.
+    let during: u64 = paused
+        .iter()
+        .filter(|(end, len, _)| *end > 3000 && end - len < 5000 && *end <= 5200)
+        .map(|(_, _, n)| n)
+        .sum();
+    assert!(during < 100, "{during} IOs completed in the paused 2 s");
+    // Open loop: the IOs scheduled during the pause waited for it; the corrected p99.9 shows the
+    // 2 s, and the rate is caught up over the run.
+    let total = &r["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == "agent-2")
+        .unwrap()["summary"]["total"];
+    let p999 = total["lat_intended"]["percentiles"]["99.900000"]
+        .as_f64()
+        .unwrap()
+        / 1e6;
+    println!(
+        "agent-2: p99.9 from intended issue {p999:.0} ms, {} IOPS",
+        total["iops"]
+    );
+    assert!(p999 > 1000.0, "the 2 s pause should show: p99.9 {p999} ms");
+
+    // exec: both commands ran on agent-2's host, with the run's names, and their status is kept.
+    let exec = fault(&r, "agent-2", "exec");
+    let detail = exec["detail"].as_str().unwrap();
+    println!("exec: {detail}");
+    assert!(near(&exec["start_ms"], 1000, 300), "{exec}");
+    assert!(near(&exec["end_ms"], 7000, 300), "{exec}");
+    assert!(detail.contains("exit 0"), "{detail}");
+    assert!(detail.contains("hello from agent-2 run run"), "{detail}");
+    assert!(detail.contains("exit 4"), "{detail}");
+    assert!(detail.contains("bye"), "{detail}");
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("pause on agent-2/data"), "{report}");
+    assert!(report.contains("cut_off on agent-1/data"), "{report}");
+    assert!(report.contains("agent-2: start `echo hello"), "{report}");
+}
+
+/// A killed agent is gone: the coordinator tries to re-attach for the agent's grace period,
+/// then reports it lost from the moment its stream broke, with the kill on the timeline; the
+/// other agent finishes.
+#[test]
+fn a_killed_agent_is_lost_from_the_kill_and_the_others_finish() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = format!(
+        r#"
+name = "kill"
+duration = "6s"
+{WORKLOAD}
+[[fault]]
+at = "2s"
+target = {{ agents = ["agent-2"] }}
+kind = "kill"
+"#
+    );
+    let t0 = std::time::Instant::now();
+    let (o, out) = run(dir.path(), &plan, &[]);
+    let all = text(&o);
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "partial", "{all}");
+    assert_eq!(agent(&r, "agent-1")["state"]["state"], "finished", "{all}");
+    let lost = &agent(&r, "agent-2")["state"];
+    println!(
+        "kill: agent-2 {lost}; run took {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(lost["state"], "lost", "{all}");
+    assert!(near(&lost["at_ms"], 2000, 700), "{lost}");
+    let k = fault(&r, "agent-2", "kill");
+    assert!(near(&k["start_ms"], 2000, 300), "{k}");
+    assert!(k["end_ms"].is_null(), "{k}");
+    assert!(k["detail"].as_str().unwrap().contains("SIGKILL"), "{k}");
+    // Nothing after the kill: no interval of agent-2 starts past it.
+    let ios = ios_per_interval(&out, "agent-2");
+    assert!(ios.iter().all(|(end, _, _)| *end <= 3000), "{ios:?}");
+}
+
+/// Commands run on an agent's host only when its operator allowed it: without --allow-exec the
+/// run is refused before any IO, naming the agent and the flag.
+#[test]
+fn exec_is_refused_by_an_agent_that_does_not_allow_it() {
+    let _g = serial();
+    let dir = scratch();
+    let marker = dir.path().join("ran");
+    let plan = format!(
+        r#"
+name = "no-exec"
+duration = "3s"
+{WORKLOAD}
+[[fault]]
+at = "1s"
+target = {{ agents = ["agent-1"] }}
+kind = "exec"
+start = "touch {}"
+"#,
+        marker.display()
+    );
+    let (o, _) = run(dir.path(), &plan, &[]);
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{all}");
+    assert!(all.contains("agent 'agent-1' refused the work"), "{all}");
+    assert!(all.contains("--allow-exec"), "{all}");
+    assert!(!marker.exists(), "the command ran anyway");
+}
+
+/// A fault that cannot work is a plan error naming the fault and the field, before any agent
+/// starts: a kill has no duration (a killed agent does not come back by itself), a pause must end.
+#[test]
+fn agent_fault_windows_are_checked_in_the_plan() {
+    let _g = serial();
+    for (kind, window, want) in [
+        ("kill", r#"duration = "2s""#, "duration is not allowed"),
+        ("pause", "", "duration is required"),
+    ] {
+        let dir = scratch();
+        let plan = format!(
+            "name = \"bad\"\nduration = \"3s\"\n{WORKLOAD}\n[[fault]]\nat = \"1s\"\n{window}\ntarget = {{ agents = [\"agent-1\"] }}\nkind = \"{kind}\"\n"
+        );
+        let (o, _) = run(dir.path(), &plan, &[]);
+        let all = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{all}");
+        assert!(all.contains(want), "{kind}: {all}");
+        assert!(all.contains("plan.toml"), "the error names the plan: {all}");
+    }
+}
