@@ -457,6 +457,9 @@ fn errno_text(result: i64) -> String {
     format!("{err}{}", layout::io_hint(&err))
 }
 
+/// How often a verifying clone checkpoints its state (see `verify::save_checkpoint`).
+const VERIFY_CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+
 fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
     let job = ctx.job;
     let open_loop = job.rate.is_limited();
@@ -567,6 +570,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let mut fault = ctx.faults.fault.take();
     let verifying = job.verify.is_some() && !null;
     let mut vstate = VerifyState::new(ctx.seed);
+    // Checkpoints of the verify state while writing, saved off the IO thread, so an agent that
+    // dies mid-run leaves a state to verify after a restart.
+    let mut next_checkpoint = Instant::now() + VERIFY_CHECKPOINT_EVERY;
+    let mut checkpointing: Option<std::thread::JoinHandle<()>> = None;
     // A write to a block that already has one in flight waits here (see `verify`).
     let mut deferred: Option<crate::workload::IoRequest> = None;
     let stuck_ns = job.stuck_timeout.as_nanos() as u64;
@@ -646,6 +653,25 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             }
             close_interval(ctx, stats, &mut iv, &mut area, last_tick, now, timed_start);
             last_tick = now;
+            if verifying
+                && now >= next_checkpoint
+                && !vstate.blocks.is_empty()
+                && checkpointing.as_ref().is_none_or(|h| h.is_finished())
+            {
+                next_checkpoint = now + VERIFY_CHECKPOINT_EVERY;
+                if let Some(first) = ctx.files.first() {
+                    let path = verify::state_path(&first.path, &job.name, ctx.clone);
+                    let names: Vec<String> = ctx.files.iter().map(|f| absolute(&f.path)).collect();
+                    let (snapshot, name, clone) = (vstate.clone(), job.name.clone(), ctx.clone);
+                    checkpointing = Some(std::thread::spawn(move || {
+                        if let Err(e) =
+                            verify::save_checkpoint(&path, &name, clone, &names, &snapshot)
+                        {
+                            tracing::warn!("verify checkpoint: {e}");
+                        }
+                    }));
+                }
+            }
             next_tick += interval;
             if next_tick <= now {
                 next_tick = now + interval;
@@ -994,6 +1020,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     stats.majf = (ru.ru_majflt - ru_start.ru_majflt) as u64;
     report.started = SystemTime::now() - (end - timed_start);
 
+    // The final state must not be overwritten by a checkpoint still being written.
+    if let Some(h) = checkpointing.take() {
+        let _ = h.join();
+    }
     if verifying && !vstate.blocks.is_empty() {
         let names: Vec<String> = ctx.files.iter().map(|f| absolute(&f.path)).collect();
         let mut r = if stop.load(Ordering::Relaxed) {

@@ -391,12 +391,17 @@ pub fn check(state: &VerifyState, files: &[File], names: &[String]) -> VerifyRep
                     FindingKind::Corrupt => r.corrupt += 1,
                 }
                 if r.findings.len() < FINDINGS_LIMIT {
+                    let (expected, detail) = if b.expect == ANY_LATER {
+                        (b.lo, "from a checkpoint: this generation or a later one")
+                    } else {
+                        (b.expect, detail)
+                    };
                     r.findings.push(Finding {
                         kind,
                         file: name,
                         offset,
                         len: b.len,
-                        expected: b.expect,
+                        expected,
                         found,
                         detail: detail.into(),
                     });
@@ -426,7 +431,14 @@ struct StateHeader {
     files: Vec<String>,
     blocks: u64,
     dropped_writes: u64,
+    /// Saved while the job was still writing: every block must hold at least the generation
+    /// acknowledged by then, and any later one is fine (writes went on after the checkpoint).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    checkpoint: bool,
 }
+
+/// A checkpoint record's upper bound: any generation written after the checkpoint.
+const ANY_LATER: u32 = u32::MAX;
 
 /// Where a clone's state goes: beside its first file, `<job>.<clone>.verify-state`.
 pub fn state_path(first_file: &Path, job: &str, clone: u32) -> PathBuf {
@@ -443,6 +455,31 @@ pub fn save(
     files: &[String],
     state: &VerifyState,
 ) -> Result<(), StateError> {
+    write_state(path, job, clone, files, state, false)
+}
+
+/// Saves a checkpoint of a clone's state while it is still writing, so an agent that dies
+/// mid-run (a `kill` fault, a crashed host) leaves something to verify after a restart: every
+/// write acknowledged before the checkpoint must still be there (or a later generation of its
+/// block). The job's final save replaces it.
+pub fn save_checkpoint(
+    path: &Path,
+    job: &str,
+    clone: u32,
+    files: &[String],
+    state: &VerifyState,
+) -> Result<(), StateError> {
+    write_state(path, job, clone, files, state, true)
+}
+
+fn write_state(
+    path: &Path,
+    job: &str,
+    clone: u32,
+    files: &[String],
+    state: &VerifyState,
+    checkpoint: bool,
+) -> Result<(), StateError> {
     let p = path.display().to_string();
     let io = |source| StateError::Io {
         path: p.clone(),
@@ -458,6 +495,7 @@ pub fn save(
         files: files.to_vec(),
         blocks: state.blocks.len() as u64,
         dropped_writes: state.dropped_writes,
+        checkpoint,
     };
     writeln!(w, "{STATE_VERSION}").map_err(io)?;
     serde_json::to_writer(&mut w, &header).map_err(|e| io(e.into()))?;
@@ -468,7 +506,13 @@ pub fn save(
         // A write still in flight cannot be at the end of a job; if one were, its block is
         // saved as "the previous generation or this one".
         let lo = if b.inflight { b.lo.min(b.expect) } else { b.lo };
-        let expect = if b.inflight { b.issued } else { b.expect };
+        let expect = if checkpoint {
+            ANY_LATER
+        } else if b.inflight {
+            b.issued
+        } else {
+            b.expect
+        };
         let mut rec = [0u8; 25];
         rec[0..4].copy_from_slice(&file.to_le_bytes());
         rec[4..12].copy_from_slice(&offset.to_le_bytes());
@@ -490,6 +534,8 @@ pub struct Saved {
     pub clone: u32,
     pub files: Vec<String>,
     pub state: VerifyState,
+    /// Saved while the job was still writing (its agent died before the job's end).
+    pub checkpoint: bool,
 }
 
 pub fn load(path: &Path) -> Result<Saved, StateError> {
@@ -550,6 +596,7 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
         clone: h.clone,
         files: h.files,
         state,
+        checkpoint: h.checkpoint,
     })
 }
 
@@ -575,7 +622,14 @@ pub fn verify_saved(path: &Path) -> Result<VerifyReport, StateError> {
         }
     }
     let mut r = check(&saved.state, &files, &saved.files);
-    r.state_files.push(path.display().to_string());
+    r.state_files.push(if saved.checkpoint {
+        format!(
+            "{} (a checkpoint taken while the job was writing: every write acknowledged before it was checked, later ones are accepted)",
+            path.display()
+        )
+    } else {
+        path.display().to_string()
+    });
     report.merge(&r);
     Ok(report)
 }
@@ -813,6 +867,73 @@ mod tests {
                 .to_string()
                 .contains("not a lockstep verify state")
         );
+    }
+
+    /// A checkpoint taken mid-run, then more writes, then the process dies: what was
+    /// acknowledged before the checkpoint must be there or newer; a block rolled back to an
+    /// older generation is stale and one never persisted is lost.
+    #[test]
+    fn a_checkpoint_accepts_later_writes_and_catches_older_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut data = vec![0u8; 8 * 4096];
+        let mut s = VerifyState::new(SEED);
+        let write = |s: &mut VerifyState, data: &mut Vec<u8>, i: u64, persist: bool| {
+            let g = s.issue(0, i * 4096, 4096);
+            s.complete(0, i * 4096, g, true, false);
+            if persist {
+                data[(i * 4096) as usize..((i + 1) * 4096) as usize].copy_from_slice(&block(
+                    0,
+                    i * 4096,
+                    g,
+                    4096,
+                ));
+            }
+            g
+        };
+        for i in 0..6u64 {
+            write(&mut s, &mut data, i, true);
+        }
+        // Block 1 rewritten (generation 2) before the checkpoint; the device keeps generation 1.
+        let old = data[4096..8192].to_vec();
+        write(&mut s, &mut data, 1, true);
+        data[4096..8192].copy_from_slice(&old);
+        // Block 4's only write is lost by the device.
+        data[4 * 4096..5 * 4096].fill(0);
+        // A write in flight at the checkpoint: either generation will do.
+        let g3 = s.issue(0, 3 * 4096, 4096);
+        let sp = state_path(&path, "j", 0);
+        let names = vec![path.display().to_string()];
+        save_checkpoint(&sp, "j", 0, &names, &s).unwrap();
+        // After the checkpoint: block 3's write lands, block 0 is rewritten twice.
+        s.complete(0, 3 * 4096, g3, true, false);
+        data[3 * 4096..4 * 4096].copy_from_slice(&block(0, 3 * 4096, g3, 4096));
+        write(&mut s, &mut data, 0, true);
+        write(&mut s, &mut data, 0, true);
+        std::fs::write(&path, &data).unwrap();
+        let r = verify_saved(&sp).unwrap();
+        assert_eq!(
+            (r.blocks, r.good, r.lost, r.stale, r.corrupt),
+            (6, 4, 1, 1, 0),
+            "{r:?}"
+        );
+        let at: Vec<(FindingKind, u64, u32)> = r
+            .findings
+            .iter()
+            .map(|f| (f.kind, f.offset, f.expected))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                (FindingKind::Stale, 4096, 2),
+                (FindingKind::Lost, 4 * 4096, 1)
+            ]
+        );
+        assert!(r.findings[0].detail.contains("checkpoint"));
+        // The same blocks judged by the final state: block 0 must now be exactly generation 3.
+        save(&sp, "j", 0, &names, &s).unwrap();
+        let r = verify_saved(&sp).unwrap();
+        assert_eq!((r.good, r.lost, r.stale), (4, 1, 1), "{r:?}");
     }
 
     #[test]

@@ -485,7 +485,7 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         crate::curve::run(&args, &plan, &infos, token, &out_dir).await
     };
     if let Some(c) = local {
-        c.shutdown().await;
+        c.shutdown(args.keep_files).await;
     }
     outcome
 }

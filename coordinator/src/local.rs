@@ -155,11 +155,14 @@ impl LocalCluster {
             .and_then(|a| a.child.id())
     }
 
-    /// Stops every agent and removes the volume directories.
-    pub async fn shutdown(mut self) {
+    /// Stops every agent and removes the volume directories (unless `keep`: `--keep-files`,
+    /// e.g. to verify a killed agent's files from its checkpoint afterwards).
+    pub async fn shutdown(mut self, keep: bool) {
         for a in &mut self.agents {
             let _ = a.child.kill().await;
         }
-        let _ = std::fs::remove_dir_all(&self.root);
+        if !keep {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
     }
 }
