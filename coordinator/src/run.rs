@@ -335,7 +335,7 @@ pub async fn execute(
                 ev = rx.recv() => {
                     let Some(ev) = ev else { break };
                     match ev {
-                        Ev::Event(i, RunEvent { event: Some(e) }) => {
+                        Ev::Event(i, RunEvent { event: Some(e), .. }) => {
                             agents[i].last_heard = Instant::now();
                             match e {
                                 run_event::Event::Started(s) => {
@@ -395,7 +395,7 @@ pub async fn execute(
                                 }
                             }
                         }
-                        Ev::Event(_, RunEvent { event: None }) => {}
+                        Ev::Event(_, RunEvent { event: None, .. }) => {}
                         Ev::Detached(i, why) => {
                             let at_ms = phase_t0.elapsed().as_millis() as u64;
                             observer.message(&format!(
@@ -586,11 +586,19 @@ async fn follow_agent(
     window: Duration,
     tx: mpsc::Sender<Ev>,
 ) {
+    // The last event's sequence number: a re-attach asks for what came after it.
+    let mut last_seq = 0u64;
     loop {
         let mut got_final = false;
         let broke = loop {
             match stream.next().await {
                 Some(Ok(ev)) => {
+                    if ev.seq != 0 {
+                        if ev.seq <= last_seq {
+                            continue;
+                        }
+                        last_seq = ev.seq;
+                    }
                     got_final |= matches!(ev.event, Some(run_event::Event::Final(_)));
                     if tx.send(Ev::Event(i, ev)).await.is_err() {
                         return;
@@ -613,6 +621,7 @@ async fn follow_agent(
             let req = AttachRequest {
                 protocol_version: PROTOCOL_VERSION,
                 run_id: run_id.clone(),
+                after_seq: last_seq,
             };
             let last = match tokio::time::timeout(Duration::from_secs(3), client.attach(req)).await
             {

@@ -359,6 +359,19 @@ impl Cluster {
         ]);
     }
 
+    /// Puts a cut-off agent back on the network, at its old address.
+    pub fn reconnect(&self, name: &str) {
+        let a = self.agent(name);
+        docker(&[
+            "network",
+            "connect",
+            "--ip",
+            &a.ip,
+            &self.network,
+            &a.container,
+        ]);
+    }
+
     pub fn logs(&self, name: &str) -> String {
         let o = Command::new("docker")
             .args(["logs", &self.agent(name).container])

@@ -123,6 +123,7 @@ pub fn run(fault: AgentFault, origin: Instant, ctx: Context) -> Vec<FaultEvent> 
     let publish = |evs: &[FaultEvent]| {
         for e in evs {
             ctx.hub.publish(RunEvent {
+                seq: 0,
                 event: Some(run_event::Event::Fault(e.clone())),
             });
         }

@@ -138,6 +138,7 @@ impl<E: VolumeEvents> VolumeAggregator<E> {
         };
         self.events.observe(&self.volume, &vi, &p.dirs);
         self.events.send(RunEvent {
+            seq: 0,
             event: Some(run_event::Event::Interval(IntervalReport {
                 index: k as u64,
                 end_agent_ns: unix_ns(SystemTime::now()),
@@ -175,6 +176,7 @@ impl<E: VolumeEvents> IntervalSink for VolumeAggregator<E> {
             st.started_sent = true;
             tracing::debug!(volume = %self.volume, at_ns = unix_ns(at), now_ns = unix_ns(SystemTime::now()), "io started");
             self.events.send(RunEvent {
+                seq: 0,
                 event: Some(run_event::Event::Started(Started {
                     actual_start_agent_ns: unix_ns(at),
                     volume: self.volume.clone(),

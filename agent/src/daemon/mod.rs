@@ -69,8 +69,11 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Events of one run, delivered to whoever is attached and kept while nobody is, so a
-/// coordinator that re-attaches (or a standby that takes over) misses nothing.
+/// Events of one run, delivered to whoever is attached and kept, so a coordinator that
+/// re-attaches (or a standby that takes over) misses nothing: each event carries a sequence
+/// number and a re-attach asks for what came after the last one it got, which also recovers
+/// events that were sent into a connection that turned out to be dead (a network partition
+/// loses what was in flight).
 pub struct EventHub {
     inner: Mutex<HubInner>,
     metrics: Arc<Metrics>,
@@ -78,21 +81,25 @@ pub struct EventHub {
 
 struct HubInner {
     tx: Option<mpsc::Sender<Result<RunEvent, Status>>>,
-    backlog: Vec<RunEvent>,
+    /// The last `HISTORY_LIMIT` events, oldest first.
+    history: std::collections::VecDeque<RunEvent>,
+    next_seq: u64,
     /// Since when nobody has been listening (None while attached).
     detached_since: Option<Instant>,
     finished: bool,
 }
 
-/// Events kept while detached: an hour of 1 s intervals of a few volumes.
-const BACKLOG_LIMIT: usize = 20_000;
+/// Events kept for a re-attach: over an hour of 1 s intervals (one event per interval carries
+/// every volume of the agent).
+const HISTORY_LIMIT: usize = 4_000;
 
 impl EventHub {
     fn new(metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(EventHub {
             inner: Mutex::new(HubInner {
                 tx: None,
-                backlog: Vec::new(),
+                history: std::collections::VecDeque::new(),
+                next_seq: 1,
                 detached_since: Some(Instant::now()),
                 finished: false,
             }),
@@ -100,12 +107,13 @@ impl EventHub {
         })
     }
 
-    /// A new listener: replays the backlog, then gets live events.
-    fn attach(&self) -> ReceiverStream<Result<RunEvent, Status>> {
+    /// A new listener: replays the events after `after_seq` (0: all that are kept), then gets
+    /// live events. A listener already attached is replaced (its stream ends).
+    fn attach(&self, after_seq: u64) -> ReceiverStream<Result<RunEvent, Status>> {
         let mut inner = self.inner.lock().unwrap();
-        let (tx, rx) = mpsc::channel(BACKLOG_LIMIT + 16);
-        for ev in inner.backlog.drain(..) {
-            let _ = tx.try_send(Ok(ev));
+        let (tx, rx) = mpsc::channel(HISTORY_LIMIT + 16);
+        for ev in inner.history.iter().filter(|e| e.seq > after_seq) {
+            let _ = tx.try_send(Ok(ev.clone()));
         }
         if inner.finished {
             // Everything was replayed: closing the channel ends the stream.
@@ -117,25 +125,28 @@ impl EventHub {
         ReceiverStream::new(rx)
     }
 
-    fn publish(&self, ev: RunEvent) {
+    fn publish(&self, mut ev: RunEvent) {
         let mut inner = self.inner.lock().unwrap();
+        ev.seq = inner.next_seq;
+        inner.next_seq += 1;
+        if inner.history.len() == HISTORY_LIMIT {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(ev.clone());
         if let Some(tx) = &inner.tx {
             match tx.try_send(Ok(ev)) {
-                Ok(()) => return,
+                Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::warn!("coordinator is not reading interval reports; dropping one");
-                    return;
+                    tracing::warn!(
+                        "coordinator is not reading interval reports; it gets them on a re-attach"
+                    );
                 }
-                Err(mpsc::error::TrySendError::Closed(Ok(ev))) => {
+                Err(mpsc::error::TrySendError::Closed(_)) => {
                     inner.tx = None;
                     inner.detached_since = Some(Instant::now());
                     tracing::warn!("coordinator stream closed; keeping events for a re-attach");
-                    inner.backlog.push(ev);
                 }
-                Err(mpsc::error::TrySendError::Closed(Err(_))) => {}
             }
-        } else if inner.backlog.len() < BACKLOG_LIMIT {
-            inner.backlog.push(ev);
         }
     }
 
@@ -519,7 +530,7 @@ impl Agent for AgentService {
             hub: hub.clone(),
         };
         drop(phase);
-        let stream = hub.attach();
+        let stream = hub.attach(0);
         let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
         tracing::debug!(run = %req.run_id, start_at_ns = req.start_at_agent_ns, now_ns = unix_ns(SystemTime::now()), "start requested");
         let shared = self.shared.clone();
@@ -563,12 +574,12 @@ impl Agent for AgentService {
         let phase = self.shared.phase.lock().unwrap();
         match &*phase {
             Phase::Running { run_id, hub, .. } if *run_id == req.run_id => {
-                Ok(Response::new(Box::pin(hub.attach())))
+                Ok(Response::new(Box::pin(hub.attach(req.after_seq))))
             }
             _ => match &*self.shared.last_run.lock().unwrap() {
                 // Ended while nobody listened: replay what is left, the final result last.
                 Some((run_id, hub)) if *run_id == req.run_id => {
-                    Ok(Response::new(Box::pin(hub.attach())))
+                    Ok(Response::new(Box::pin(hub.attach(req.after_seq))))
                 }
                 _ => Err(Status::not_found(format!(
                     "run {} is not running on this agent",
@@ -781,6 +792,7 @@ fn run(
         String::new()
     };
     hub.publish(RunEvent {
+        seq: 0,
         event: Some(run_event::Event::Final(FinalResult {
             volumes: results,
             error,
@@ -1096,4 +1108,63 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_stream::StreamExt;
+
+    fn started(volume: &str) -> RunEvent {
+        RunEvent {
+            seq: 0,
+            event: Some(run_event::Event::Started(lockstep_proto::v1::Started {
+                actual_start_agent_ns: 1,
+                volume: volume.into(),
+            })),
+        }
+    }
+
+    async fn drain(mut s: ReceiverStream<Result<RunEvent, Status>>) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while let Some(Ok(ev)) = s.next().await {
+            seqs.push(ev.seq);
+        }
+        seqs
+    }
+
+    /// A re-attach gets exactly the events after the last one the coordinator saw, including
+    /// those the agent had already sent into a connection that died.
+    #[tokio::test]
+    async fn a_reattach_replays_what_came_after_the_last_event_seen() {
+        let hub = EventHub::new(Arc::new(Metrics::new(&[])));
+        let first = hub.attach(0);
+        for v in ["a", "b", "c"] {
+            hub.publish(started(v));
+        }
+        // The first listener got 1..=3 (as far as the agent knows); the coordinator only saw 1.
+        drop(first);
+        let second = hub.attach(1);
+        hub.publish(started("d"));
+        hub.finish();
+        assert_eq!(drain(second).await, vec![2, 3, 4]);
+        // After the end, a late re-attach still gets the rest and the stream closes.
+        assert_eq!(drain(hub.attach(3)).await, vec![4]);
+        assert_eq!(drain(hub.attach(0)).await, vec![1, 2, 3, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_cut_breaks_the_stream_and_the_events_wait_for_a_reattach() {
+        let hub = EventHub::new(Arc::new(Metrics::new(&[])));
+        let mut s = hub.attach(0);
+        hub.publish(started("a"));
+        hub.cut("cut off");
+        hub.publish(started("b"));
+        assert_eq!(s.next().await.unwrap().unwrap().seq, 1);
+        let err = s.next().await.unwrap().unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(hub.detached_for().is_some());
+        hub.finish();
+        assert_eq!(drain(hub.attach(1)).await, vec![2]);
+    }
 }
