@@ -651,8 +651,21 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     }
                 }
             }
-            close_interval(ctx, stats, &mut iv, &mut area, last_tick, now, timed_start);
-            last_tick = now;
+            // Intervals stay on the clock: when the thread was held up well past a boundary (a
+            // pause fault stopped the process, a long preemption), the interval closes at its
+            // boundary and any it missed close empty, so interval N is always N..N+1 intervals
+            // after the start, as on every other clone and agent it is merged with. A tick
+            // seen a little late closes then, as usual.
+            while now >= next_tick {
+                let end = if now - next_tick <= interval / 10 {
+                    now
+                } else {
+                    next_tick
+                };
+                close_interval(ctx, stats, &mut iv, &mut area, last_tick, end, timed_start);
+                last_tick = end;
+                next_tick += interval;
+            }
             if verifying
                 && now >= next_checkpoint
                 && !vstate.blocks.is_empty()
@@ -671,10 +684,6 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                         }
                     }));
                 }
-            }
-            next_tick += interval;
-            if next_tick <= now {
-                next_tick = now + interval;
             }
         }
         let time_up = deadline.is_some_and(|d| now >= d);

@@ -176,13 +176,29 @@ end = "echo bye >&2; exit 4"
     assert!(near(&pause["end_ms"], 5000, 400), "{pause}");
     let paused = ios_per_interval(&out, "agent-2");
     println!("agent-2 IOs per interval: {paused:?}");
-    // A stopped agent reports nothing: the interval that spans the pause comes as one long
-    // interval after it, holding the few IOs that completed around its edges.
+    // A stopped agent reports nothing; after it, the intervals it missed are closed empty and
+    // every interval stays on the clock (interval N covers N..N+1 s, as on agent-1), so the
+    // two seconds of the pause hold the few IOs completed at its edges and the catch-up
+    // lands in the next one.
+    for (end, len, _) in paused.iter().filter(|(end, _, _)| *end <= 10_000) {
+        assert!(
+            (900..=1100).contains(len),
+            "interval ending {end} ms is {len} ms long: {paused:?}"
+        );
+    }
     let during: u64 = paused
         .iter()
-        .filter(|(end, len, _)| *end > 3000 && end - len < 5000 && *end <= 5200)
+        .filter(|(end, _, _)| *end == 4000 || *end == 5000)
         .map(|(_, _, n)| n)
         .sum();
+    let catch_up = paused
+        .iter()
+        .find(|(end, _, _)| *end == 6000)
+        .map_or(0, |p| p.2);
+    assert!(
+        catch_up > 1000,
+        "{catch_up} IOs in the second after the pause: {paused:?}"
+    );
     assert!(during < 100, "{during} IOs completed in the paused 2 s");
     // Open loop: the IOs scheduled during the pause waited for it; the corrected p99.9 shows the
     // 2 s, and the rate is caught up over the run.

@@ -126,6 +126,39 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("agent-3/data"));
 }
 
+/// The plan's `interval` reaches the agents: a 250 ms interval gives four points a second on
+/// every volume, each about 250 ms long.
+#[test]
+fn the_plans_reporting_interval_is_the_agents_interval() {
+    let dir = scratch();
+    let plan = write_plan(
+        dir.path(),
+        &SMALL.replace("interval = \"1s\"", "interval = \"250ms\""),
+    );
+    let out = dir.path().join("run");
+    let status = Command::new(bin("lockstep"))
+        .args(["run", "--local", "2"])
+        .arg(&plan)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "lockstep run failed: {status}");
+    let t = read_json(&out.join("timeline.json"));
+    assert_eq!(t["interval_ms"], 250);
+    for v in t["volumes"].as_array().unwrap() {
+        let points = v["points"].as_array().unwrap();
+        // 4 s at 250 ms (the last one may be a sliver of IOs finishing after the runtime).
+        assert!((16..=17).contains(&points.len()), "{} points", points.len());
+        for p in &points[..16] {
+            let len = p["len_ms"].as_u64().unwrap();
+            assert!((200..=300).contains(&len), "a {len} ms interval: {p}");
+        }
+    }
+}
+
 fn agents_plan(agents: &[(&str, &str)], duration: &str) -> String {
     let mut s = format!("name = \"kill\"\nduration = \"{duration}\"\ninterval = \"1s\"\n");
     for (n, a) in agents {

@@ -204,6 +204,8 @@ enum Phase {
         volumes: Vec<PreparedVolume>,
         hub: Arc<EventHub>,
         keep_files: bool,
+        /// The plan's reporting interval.
+        interval: Duration,
     },
     Running {
         run_id: String,
@@ -481,6 +483,12 @@ impl Agent for AgentService {
                     volumes,
                     hub,
                     keep_files: req.keep_files,
+                    // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
+                    interval: if req.interval_ms == 0 {
+                        Duration::from_secs(1)
+                    } else {
+                        Duration::from_millis(req.interval_ms.max(10))
+                    },
                 };
                 Ok(Response::new(PrepareReply {
                     error: String::new(),
@@ -503,13 +511,15 @@ impl Agent for AgentService {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
-        let (volumes, hub, keep_files) = match std::mem::replace(&mut *phase, Phase::Idle) {
-            Phase::Prepared {
-                run_id,
-                volumes,
-                hub,
-                keep_files,
-            } if run_id == req.run_id => (volumes, hub, keep_files),
+        let (volumes, hub, keep_files, interval) =
+            match std::mem::replace(&mut *phase, Phase::Idle) {
+                Phase::Prepared {
+                    run_id,
+                    volumes,
+                    hub,
+                    keep_files,
+                    interval,
+                } if run_id == req.run_id => (volumes, hub, keep_files, interval),
             other => {
                 let msg = match &other {
                     Phase::Idle => "nothing prepared".to_string(),
@@ -536,7 +546,15 @@ impl Agent for AgentService {
         let shared = self.shared.clone();
         std::thread::Builder::new()
             .name(format!("run-{}", req.run_id))
-            .spawn(move || run(shared, req.run_id, volumes, hub, stop, start_at, keep_files))
+            .spawn(move || {
+                let run_opts = RunSetup {
+                    run_id: req.run_id,
+                    start_at,
+                    keep_files,
+                    interval,
+                };
+                run(shared, run_opts, volumes, hub, stop)
+            })
             .map_err(|e| Status::internal(format!("cannot start the run thread: {e}")))?;
         Ok(Response::new(Box::pin(stream)))
     }
@@ -592,15 +610,29 @@ impl Agent for AgentService {
 
 /// The life of a started run, on its own thread: every volume's jobs on threads of their own,
 /// a watchdog for the coordinator's presence, then the final result.
+/// What `Prepare` and `Start` said about a run.
+struct RunSetup {
+    run_id: String,
+    /// The synchronized start, in this agent's clock.
+    start_at: SystemTime,
+    keep_files: bool,
+    /// Reporting interval.
+    interval: Duration,
+}
+
 fn run(
     shared: Arc<Shared>,
-    run_id: String,
+    setup: RunSetup,
     volumes: Vec<PreparedVolume>,
     hub: Arc<EventHub>,
     stop: Arc<AtomicBool>,
-    start_at: SystemTime,
-    keep_files: bool,
 ) {
+    let RunSetup {
+        run_id,
+        start_at,
+        keep_files,
+        interval,
+    } = setup;
     shared.metrics.set_state(2);
     let grace = shared.cfg.grace;
     let lost_coordinator = Arc::new(AtomicBool::new(false));
@@ -720,6 +752,7 @@ fn run(
                     let opts = RunOptions {
                         stop,
                         keep_files,
+                        interval,
                         start_at: Some(start_at),
                         sink: Some(Arc::new(StartTap {
                             inner: aggregator,
