@@ -48,6 +48,43 @@ pub fn scratch() -> tempfile::TempDir {
         .expect("scratch dir")
 }
 
+/// Writes `plan` to `dir/plan.toml` and runs `lockstep run [--local N] [extra] PLAN --output
+/// dir/run` to the end; returns the process output and the results directory.
+pub fn run_plan(
+    dir: &Path,
+    plan: &str,
+    local: Option<usize>,
+    extra: &[&str],
+) -> (std::process::Output, PathBuf) {
+    let p = dir.join("plan.toml");
+    std::fs::write(&p, plan).expect("writing the plan");
+    let out = dir.join("run");
+    let mut cmd = Command::new(bin("lockstep"));
+    cmd.arg("run");
+    if let Some(n) = local {
+        cmd.args(["--local", &n.to_string()]);
+    }
+    let o = cmd
+        .args(extra)
+        .arg(&p)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lockstep");
+    (o, out)
+}
+
+/// A process's stdout then stderr, for assertion messages.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// A child process killed on drop.
 pub struct Proc(pub Child);
 

@@ -5,10 +5,10 @@
 //! Timing bounds are loose (CI machines are noisy); every figure a test asserts is printed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::Mutex;
 
-use lockstep_tests::{bin, read_json, scratch};
+use lockstep_tests::{bin, output_text, read_json, run_plan, scratch};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -18,28 +18,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn run(dir: &Path, plan: &str, extra: &[&str]) -> (Output, PathBuf) {
-    let p = dir.join("plan.toml");
-    std::fs::write(&p, plan).unwrap();
-    let out = dir.join("run");
-    let o = Command::new(bin("lockstep"))
-        .args(["run", "--local", "2"])
-        .args(extra)
-        .arg(&p)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (o, out)
+    run_plan(dir, plan, Some(2), extra)
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    output_text(o)
 }
 
 const WORKLOAD: &str = r#"

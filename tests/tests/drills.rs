@@ -8,10 +8,10 @@
 //! the bounds here are looser because CI machines are noisy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::Mutex;
 
-use lockstep_tests::{bin, read_json, scratch, start_agent};
+use lockstep_tests::{bin, output_text, read_json, run_plan, scratch, start_agent};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -20,34 +20,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `lockstep run [--local N] PLAN --output OUT [extra]`; returns the process output.
 fn run(dir: &Path, plan: &str, local: Option<usize>, extra: &[&str]) -> (Output, PathBuf) {
-    let p = dir.join("plan.toml");
-    std::fs::write(&p, plan).unwrap();
-    let out = dir.join("run");
-    let mut cmd = Command::new(bin("lockstep"));
-    cmd.arg("run");
-    if let Some(n) = local {
-        cmd.args(["--local", &n.to_string()]);
-    }
-    let o = cmd
-        .arg(&p)
-        .arg("--output")
-        .arg(&out)
-        .args(extra)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (o, out)
+    run_plan(dir, plan, local, extra)
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    output_text(o)
 }
 
 fn volume<'a>(r: &'a Value, node: &str) -> &'a Value {
