@@ -52,6 +52,13 @@ pub struct Capabilities {
     pub concurrent: bool,
     /// Whether IOs touch a real file (false for null).
     pub touches_files: bool,
+    /// Whether the runner should interleave: issue one IO, take the completions that are already
+    /// visible (`peek`, no system call), issue the next. Set where every submit enters the kernel
+    /// anyway and makes finished completions visible on the way (io_uring's commit runs the
+    /// deferred completion work), as fio does with its defaults (iodepth_batch_submit=1,
+    /// iodepth_batch_complete_max=1): a completion is seen and its replacement issued one submit
+    /// later, instead of after the whole refill of a batch.
+    pub interleave: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +93,11 @@ pub trait Engine: Send {
         timeout: Option<Duration>,
         out: &mut Vec<Completion>,
     ) -> Result<(), EngineError>;
+    /// Append the completions that are visible now, without waiting; engines that can tell
+    /// without a system call do not make one.
+    fn peek(&mut self, out: &mut Vec<Completion>) -> Result<(), EngineError> {
+        self.reap(0, Some(Duration::ZERO), out)
+    }
 }
 
 /// Builds the engine for a job. io_uring (asked for as io_uring or libaio) falls back to worker

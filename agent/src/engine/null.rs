@@ -23,6 +23,7 @@ impl Engine for NullEngine {
             name: "null",
             concurrent: true,
             touches_files: false,
+            interleave: false,
         }
     }
 

@@ -88,6 +88,7 @@ impl Engine for ThreadEngine {
             name: "psync",
             concurrent: matches!(self.mode, Mode::Workers { .. }),
             touches_files: true,
+            interleave: false,
         }
     }
 
