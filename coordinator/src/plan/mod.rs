@@ -218,6 +218,68 @@ pub struct Role {
     /// Curve mode (vdbench `iorate=curve`): percentages of the maximum rate to run at, after a
     /// closed-loop run that finds the maximum (`curve`).
     pub rate_curve: Option<Vec<f64>>,
+    /// Sweep mode: one closed-loop run per depth, for latency against outstanding IOs
+    /// (`sweep`).
+    pub depth_sweep: Option<DepthSweep>,
+}
+
+/// The most IOs in flight per job (or clones per job) a sweep step may ask for.
+pub const MAX_SWEEP_DEPTH: u32 = 4096;
+
+/// The most steps of a sweep: each step is a complete run.
+pub const MAX_SWEEP_STEPS: usize = 20;
+
+/// A role's `depth_sweep` (with `sweep_over`): the values to run the role's workload at, one
+/// complete closed-loop run each. With a fixed number of IOs in flight, IOPS = outstanding /
+/// latency (Little's law), so the sweep shows where more outstanding IOs stop buying IOPS and
+/// only queue (seeds/004).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepthSweep {
+    pub over: SweepOver,
+    /// Increasing, each from 1 to `MAX_SWEEP_DEPTH`.
+    pub values: Vec<u32>,
+}
+
+/// What a sweep varies: the fio option set on every job of the role's workload at each step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SweepOver {
+    /// Each job's queue depth (`iodepth=N`).
+    #[default]
+    Iodepth,
+    /// Clones of each job, each at the workload's iodepth (`numjobs=N`: vdbench's threads).
+    Numjobs,
+}
+
+impl SweepOver {
+    /// The fio option a step sets.
+    pub fn option(self) -> &'static str {
+        match self {
+            SweepOver::Iodepth => "iodepth",
+            SweepOver::Numjobs => "numjobs",
+        }
+    }
+}
+
+/// `workload` with every job at `value` of `over` (an `iodepth=` or `numjobs=` override, on
+/// top of the job text and the role's `set`): one step of a depth sweep.
+pub fn with_depth(workload: &Workload, over: SweepOver, value: u32) -> Workload {
+    let mut w = workload.clone();
+    w.overrides
+        .insert(over.option().to_string(), value.to_string());
+    w
+}
+
+/// The jobs of `workload` at one step of a sweep, as the agent will parse them.
+fn jobs_at(
+    workload: &Workload,
+    over: SweepOver,
+    value: u32,
+) -> Result<Vec<lockstep_agent::job::JobSpec>, String> {
+    let w = with_depth(workload, over, value);
+    let overrides: Vec<(String, String)> = w.overrides.into_iter().collect();
+    lockstep_agent::jobfile::parse_str(&w.job_text, Path::new("(sweep)"), None, &overrides)
+        .map_err(|e| e.to_string())
 }
 
 /// Which agents a role (or fault) applies to.
@@ -829,6 +891,7 @@ fn build_roles(
                 Some(points.clone())
             }
         };
+        let depth_sweep = build_sweep(src, &what, rr, &workload)?;
         roles.push(Role {
             name: rr.name.get_ref().clone(),
             line,
@@ -839,9 +902,169 @@ fn build_roles(
             workload,
             rate_iops,
             rate_curve,
+            depth_sweep,
         });
     }
+    check_sweeps(src, raw, &roles)?;
     Ok(roles)
+}
+
+/// A role's `depth_sweep` and `sweep_over`.
+fn build_sweep(
+    src: &Source,
+    what: &str,
+    rr: &raw::RawRole,
+    workload: &Workload,
+) -> Result<Option<DepthSweep>, PlanError> {
+    let Some(list) = &rr.depth_sweep else {
+        return match &rr.sweep_over {
+            Some(o) => Err(src.at(
+                o,
+                format!("{what}: sweep_over"),
+                "says what depth_sweep varies: give depth_sweep = [1, 2, 4, ...] too",
+            )),
+            None => Ok(None),
+        };
+    };
+    let field = format!("{what}: depth_sweep");
+    if rr.rate_iops.is_some() {
+        return Err(src.at(
+            list,
+            field,
+            "give rate_iops or depth_sweep, not both: a depth sweep runs closed loop, each step \
+             with as many IOs in flight as it allows (IOPS = outstanding / latency), and a rate \
+             would cap it",
+        ));
+    }
+    if rr.rate_curve.is_some() {
+        return Err(src.at(
+            list,
+            field,
+            "give rate_curve or depth_sweep, not both: each is a series of runs of its own",
+        ));
+    }
+    let over = match &rr.sweep_over {
+        None => SweepOver::default(),
+        Some(o) => match o.get_ref().as_str() {
+            "iodepth" => SweepOver::Iodepth,
+            "numjobs" => SweepOver::Numjobs,
+            other => {
+                return Err(src.at(
+                    o,
+                    format!("{what}: sweep_over"),
+                    format!(
+                        "'{other}' is neither \"iodepth\" (each job's queue depth, the default) \
+                         nor \"numjobs\" (clones of each job at its iodepth: vdbench's threads)"
+                    ),
+                ));
+            }
+        },
+    };
+    let name = over.option();
+    let given = list.get_ref();
+    if given.is_empty() || given.len() > MAX_SWEEP_STEPS {
+        return Err(src.at(
+            list,
+            field,
+            format!(
+                "needs 1 to {MAX_SWEEP_STEPS} values of {name}, e.g. [1, 2, 4, 8, 16, 32] (each \
+                 is a complete run)"
+            ),
+        ));
+    }
+    let mut values: Vec<u32> = Vec::with_capacity(given.len());
+    for &v in given {
+        if v < 1 {
+            return Err(src.at(
+                list,
+                field,
+                format!("{v} is not a usable {name}: every value must be at least 1"),
+            ));
+        }
+        if v > i64::from(MAX_SWEEP_DEPTH) {
+            return Err(src.at(
+                list,
+                field,
+                format!(
+                    "{v} is more than {MAX_SWEEP_DEPTH}, the largest {name} a step may ask for"
+                ),
+            ));
+        }
+        let v = v as u32;
+        if values.contains(&v) {
+            return Err(src.at(list, field, format!("{v} is listed twice")));
+        }
+        if let Some(&prev) = values.last().filter(|&&p| p > v) {
+            return Err(src.at(
+                list,
+                field,
+                format!(
+                    "list the values in increasing order ({v} comes after {prev}): each step is \
+                     compared with the one before"
+                ),
+            ));
+        }
+        values.push(v);
+    }
+    // Every step as the agent will parse it: a value the agent refuses is refused here.
+    for &v in &values {
+        let jobs = jobs_at(workload, over, v)
+            .map_err(|m| src.at(list, &field, format!("at {name} {v}: {m}")))?;
+        if jobs.iter().any(|j| j.rate.is_limited()) {
+            return Err(src.at(
+                list,
+                field,
+                "the workload sets a rate (rate or rate_iops in its jobs): a depth sweep runs \
+                 closed loop, so remove the rate",
+            ));
+        }
+    }
+    Ok(Some(DepthSweep { over, values }))
+}
+
+/// Checks across roles: one multi-run mode per plan, and sweeps that step together.
+fn check_sweeps(
+    src: &Source,
+    raw: &[Spanned<raw::RawRole>],
+    roles: &[Role],
+) -> Result<(), PlanError> {
+    let curve = roles.iter().find(|r| r.rate_curve.is_some());
+    let mut first: Option<(&Role, usize)> = None;
+    for (r, rr) in roles.iter().zip(raw) {
+        let (Some(sweep), Some(list)) = (&r.depth_sweep, &rr.get_ref().depth_sweep) else {
+            continue;
+        };
+        let field = format!("{}: depth_sweep", label("role", Some(&r.name), 0));
+        if let Some(c) = curve {
+            return Err(src.at(
+                list,
+                field,
+                format!(
+                    "role '{}' on line {} has a rate_curve: a plan runs a rate curve or a depth \
+                     sweep, not both",
+                    c.name, c.line
+                ),
+            ));
+        }
+        match first {
+            None => first = Some((r, sweep.values.len())),
+            Some((f, n)) if n != sweep.values.len() => {
+                return Err(src.at(
+                    list,
+                    field,
+                    format!(
+                        "has {} values and role '{}' on line {} has {n}: the roles' sweeps run \
+                         side by side, one step per value, so give them as many values",
+                        sweep.values.len(),
+                        f.name,
+                        f.line
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 fn build_selector(

@@ -50,6 +50,9 @@ pub(super) struct RawRole {
     pub workload: Spanned<RawWorkload>,
     pub rate_iops: Option<Spanned<u64>>,
     pub rate_curve: Option<Spanned<Vec<f64>>>,
+    /// Signed, so a 0 or a negative value gets lockstep's message rather than serde's.
+    pub depth_sweep: Option<Spanned<Vec<i64>>>,
+    pub sweep_over: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

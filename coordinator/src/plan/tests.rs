@@ -1086,3 +1086,167 @@ fn fault_payloads_are_checked_with_the_agents_fault_spec() {
     let plan = parse_ok(&format!("{base}kind = \"iops_cap\"\ntotal = 200\n"));
     assert_eq!(plan.faults[0].spec["total"], 200);
 }
+
+/// A role `w` on line 2 with `extra` from line 5 on.
+fn sweep_role(extra: &str) -> String {
+    format!(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = {{ fio = {{ rw = \"randread\", bs = \"4k\", iodepth = 8 }} }}\n{extra}\n"
+    )
+}
+
+#[test]
+fn a_depth_sweep_sets_iodepth_or_numjobs_on_every_job_of_a_step() {
+    let plan = parse_ok(&sweep_role("depth_sweep = [1, 2, 4, 32]"));
+    let sweep = plan.roles[0].depth_sweep.clone().expect("a sweep");
+    assert_eq!(
+        sweep,
+        DepthSweep {
+            over: SweepOver::Iodepth,
+            values: vec![1, 2, 4, 32]
+        }
+    );
+    assert_eq!(plan.roles[0].rate_iops, None);
+    let step = with_depth(&plan.roles[0].workload, sweep.over, 32);
+    assert_eq!(step.overrides["iodepth"], "32");
+    let jobs = jobs_at(&plan.roles[0].workload, sweep.over, 32).unwrap();
+    assert_eq!((jobs[0].iodepth, jobs[0].numjobs), (32, 1));
+    // The step's value wins over the role's `set`, which wins over the job text.
+    let set = parse_ok(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\ndepth_sweep = [2]\n\
+         workload = { profile = \"oltp-8k\", set = { iodepth = 64 } }\n",
+    );
+    let w = &set.roles[0].workload;
+    assert_eq!(w.overrides["iodepth"], "64");
+    assert_eq!(
+        with_depth(w, SweepOver::Iodepth, 2).overrides["iodepth"],
+        "2"
+    );
+
+    let threads = parse_ok(&sweep_role(
+        "depth_sweep = [1, 16]\nsweep_over = \"numjobs\"",
+    ));
+    let sweep = threads.roles[0].depth_sweep.clone().unwrap();
+    assert_eq!(sweep.over, SweepOver::Numjobs);
+    let jobs = jobs_at(&threads.roles[0].workload, sweep.over, 16).unwrap();
+    assert_eq!((jobs[0].iodepth, jobs[0].numjobs), (8, 16));
+    // Without a sweep, nothing changes.
+    assert_eq!(parse_ok(&sweep_role("")).roles[0].depth_sweep, None);
+}
+
+#[test]
+fn a_depth_sweep_is_refused_with_a_rate_and_with_unusable_values() {
+    let field = "role 'w': depth_sweep";
+    parse_err(
+        &sweep_role("depth_sweep = [1, 2]\nrate_iops = 100"),
+        5,
+        field,
+        "give rate_iops or depth_sweep, not both",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [1, 2]\nrate_curve = [50, 100]"),
+        5,
+        field,
+        "give rate_curve or depth_sweep, not both",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = []"),
+        5,
+        field,
+        "needs 1 to 20 values",
+    );
+    let many: Vec<String> = (1..=21).map(|i| i.to_string()).collect();
+    parse_err(
+        &sweep_role(&format!("depth_sweep = [{}]", many.join(", "))),
+        5,
+        field,
+        "needs 1 to 20 values of iodepth",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [0, 1]"),
+        5,
+        field,
+        "0 is not a usable iodepth: every value must be at least 1",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [-4]"),
+        5,
+        field,
+        "-4 is not a usable iodepth",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [1, 4, 4]"),
+        5,
+        field,
+        "4 is listed twice",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [1, 8192]"),
+        5,
+        field,
+        "8192 is more than 4096",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [1, 8, 4]"),
+        5,
+        field,
+        "increasing order (4 comes after 8)",
+    );
+    parse_err(
+        &sweep_role("depth_sweep = [1, 2]\nsweep_over = \"threads\""),
+        6,
+        "role 'w': sweep_over",
+        "'threads' is neither \"iodepth\"",
+    );
+    parse_err(
+        &sweep_role("sweep_over = \"numjobs\""),
+        5,
+        "role 'w': sweep_over",
+        "give depth_sweep",
+    );
+    parse_err(
+        "duration = \"1s\"\n[[role]]\nname = \"w\"\n\
+         workload = { fio = { rw = \"randread\", bs = \"4k\", rate_iops = 100 } }\n\
+         depth_sweep = [1, 2]\n",
+        5,
+        field,
+        "the workload sets a rate",
+    );
+}
+
+#[test]
+fn a_plan_runs_one_kind_of_series_and_its_sweeps_step_together() {
+    let two = |a: &str, b: &str| {
+        format!(
+            "duration = \"1s\"\n\
+             [[role]]\nname = \"a\"\nvolumes = [\"a\"]\nworkload = {{ profile = \"oltp-8k\" }}\n{a}\n\
+             [[role]]\nname = \"b\"\nvolumes = [\"b\"]\nworkload = {{ profile = \"oltp-8k\" }}\n{b}\n"
+        )
+    };
+    parse_err(
+        &two("rate_curve = [50]", "depth_sweep = [1, 2]"),
+        11,
+        "role 'b': depth_sweep",
+        "role 'a' on line 2 has a rate_curve",
+    );
+    parse_err(
+        &two("depth_sweep = [1, 2]", "depth_sweep = [1, 2, 4]"),
+        11,
+        "role 'b': depth_sweep",
+        "has 3 values and role 'a' on line 2 has 2",
+    );
+    let plan = parse_ok(&two("depth_sweep = [1, 2]", "depth_sweep = [4, 8]"));
+    assert_eq!(plan.roles[1].depth_sweep.as_ref().unwrap().values, [4, 8]);
+    // A role without a sweep runs its own workload beside the sweeping ones.
+    let plan = parse_ok(&two("depth_sweep = [1, 2]", ""));
+    assert_eq!(plan.roles[1].depth_sweep, None);
+}
+
+#[test]
+fn the_sweep_example_parses_and_resolves_on_local_agents() {
+    let plan = load(&example("sweep.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let sweep = plan.roles[0].depth_sweep.as_ref().expect("a sweep");
+    assert_eq!(sweep.over, SweepOver::Iodepth);
+    assert!(sweep.values.len() >= 3, "{sweep:?}");
+    let a = resolve(&plan, &local(2)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.volumes().count(), 2);
+}
