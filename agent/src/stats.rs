@@ -95,11 +95,16 @@ impl DirStats {
         self.errors = 0;
         self.short_ios = 0;
         self.saturated = 0;
-        self.slat.reset();
-        self.clat.reset();
-        self.lat.reset();
-        if let Some(h) = &mut self.lat_intended {
-            h.reset();
+        // Resetting clears the whole counts array (270 KiB each at these bounds), on the IO
+        // thread at every interval: skip the histograms that recorded nothing (the direction a
+        // job does not do, lat_intended in closed loop).
+        for h in [&mut self.slat, &mut self.clat, &mut self.lat]
+            .into_iter()
+            .chain(self.lat_intended.as_mut())
+        {
+            if !h.is_empty() {
+                h.reset();
+            }
         }
     }
 }
@@ -256,6 +261,21 @@ mod tests {
         assert_eq!(a.clat.len(), 2000);
         let p50 = a.clat.value_at_quantile(0.5) as f64;
         assert!((p50 - 1_000_000.0).abs() / 1_000_000.0 < 1e-3, "p50 {p50}");
+    }
+
+    #[test]
+    fn reset_empties_recorded_histograms_and_skips_empty_ones() {
+        let mut a = DirStats::new(true);
+        record(&mut a.clat, 5_000);
+        record(a.lat_intended.as_mut().unwrap(), 7_000);
+        a.ios = 1;
+        a.reset();
+        assert_eq!(a.ios, 0);
+        assert!(a.clat.is_empty() && a.slat.is_empty() && a.lat.is_empty());
+        assert!(a.lat_intended.as_ref().unwrap().is_empty());
+        record(&mut a.clat, 9_000);
+        assert_eq!(a.clat.max(), a.clat.highest_equivalent(9_000));
+        assert_eq!(a.clat.min(), a.clat.lowest_equivalent(9_000));
     }
 
     #[test]
