@@ -479,10 +479,13 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
             args.token.clone(),
         )
     };
-    let outcome = if crate::curve::curve_roles(&plan).is_empty() {
-        run_resolved(&args, &plan, &infos, token, &out_dir).await
-    } else {
+    // A plan has at most one kind of series (the plan refuses both).
+    let outcome = if !crate::curve::curve_roles(&plan).is_empty() {
         crate::curve::run(&args, &plan, &infos, token, &out_dir).await
+    } else if !crate::sweep::sweep_roles(&plan).is_empty() {
+        crate::sweep::run(&args, &plan, &infos, token, &out_dir).await
+    } else {
+        run_resolved(&args, &plan, &infos, token, &out_dir).await
     };
     if let Some(c) = local {
         c.shutdown(args.keep_files).await;

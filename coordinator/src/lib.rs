@@ -19,6 +19,9 @@
 //! - `leader`: coordinators as a service: etcd election, run state in etcd, takeover;
 //! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
 //! - `curve`: curve mode (vdbench `iorate=curve`): the maximum, then steps at percentages of it;
+//!   its series loop (one complete run per step) serves sweep mode too;
+//! - `sweep`: sweep mode: one closed-loop run per iodepth (or numjobs), latency against
+//!   outstanding IOs, and where more of them stop buying IOPS (Little's law);
 //! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
@@ -42,4 +45,5 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod scenario;
+pub mod sweep;
 pub mod timeline;

@@ -244,9 +244,28 @@ pub struct RunResults {
     /// Data verification per volume (jobs with `verify=crc32c`).
     #[serde(default)]
     pub verify: Vec<VolumeVerify>,
-    /// Curve mode: latency against IOPS, per role and volume (`None` for other runs).
+    /// Curve or sweep mode: figures of each step, per role and volume (`None` for a single
+    /// run). Flattened: `results.json` has a top-level `curve` (latency against IOPS) or `sweep`
+    /// (latency against outstanding IOs) section. The field keeps curve mode's name because
+    /// `run.rs` builds every single run's results with `curve: None`.
+    #[serde(flatten, deserialize_with = "series")]
+    pub curve: Option<Series>,
+}
+
+/// The figures of a run made of several complete runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Series {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curve: Option<crate::curve::CurveReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<crate::sweep::SweepReport>,
+}
+
+/// A flattened `Series` reads as present even when the file has neither section: keep `None`
+/// for a single run, so results read back compare equal to the ones written.
+fn series<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Series>, D::Error> {
+    let s = Option::<Series>::deserialize(d)?;
+    Ok(s.filter(|s| s.curve.is_some() || s.sweep.is_some()))
 }
 
 /// An IO that took longer than the stuck-IO timeout, or was still in flight after it (fio

@@ -4,7 +4,8 @@ use std::fmt::Write;
 
 use crate::results::{AgentState, DirSummary, RunResults, RunStatus, Summary};
 
-fn ms(ns: u64) -> String {
+/// Milliseconds with three significant figures or so (curve and sweep tables use it too).
+pub(crate) fn ms(ns: u64) -> String {
     let v = ns as f64 / 1e6;
     if v >= 100.0 {
         format!("{v:.0}")
@@ -161,9 +162,13 @@ pub fn render(r: &RunResults) -> String {
         let _ = write!(o, "\ndrill: {}", crate::drill::render_text(d));
     }
     o.push_str(&crate::drill::render_stuck_and_verify(r));
-    if let Some(c) = &r.curve {
+    if let Some(c) = r.curve.as_ref().and_then(|s| s.curve.as_ref()) {
         o.push('\n');
         o.push_str(&crate::curve::render_text(c));
+    }
+    if let Some(sw) = r.curve.as_ref().and_then(|s| s.sweep.as_ref()) {
+        o.push('\n');
+        o.push_str(&crate::sweep::render_text(sw));
     }
     if let Some(c) = &r.chokepoint {
         if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
