@@ -307,7 +307,7 @@ fn step(plan: &Plan, roles: &[(String, DepthSweep)], index: usize) -> curve::Ste
             ));
         }
     }
-    // `depth 4`, or `depth 4+16` when the roles' sweeps differ.
+    // `depth 4`, or `depth 4+depth 16` when the roles' sweeps differ.
     let mut values: Vec<(&str, u32)> = roles
         .iter()
         .map(|(_, s)| (word(s.over), s.values[index]))
