@@ -138,7 +138,7 @@ fn main() {
         drill: None,
         stuck_ios: Vec::new(),
         verify: Vec::new(),
-        curve: None,
+        series: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

@@ -384,7 +384,7 @@ pub async fn run(
         },
     )
     .await?;
-    results.curve = Some(crate::results::Series {
+    results.series = Some(crate::results::Series {
         curve: Some(report.clone()),
         ..Default::default()
     });

@@ -246,10 +246,9 @@ pub struct RunResults {
     pub verify: Vec<VolumeVerify>,
     /// Curve or sweep mode: figures of each step, per role and volume (`None` for a single
     /// run). Flattened: `results.json` has a top-level `curve` (latency against IOPS) or `sweep`
-    /// (latency against outstanding IOs) section. The field keeps curve mode's name because
-    /// `run.rs` builds every single run's results with `curve: None`.
+    /// (latency against outstanding IOs) section.
     #[serde(flatten, deserialize_with = "series")]
-    pub curve: Option<Series>,
+    pub series: Option<Series>,
 }
 
 /// The figures of a run made of several complete runs.

@@ -570,7 +570,7 @@ pub async fn execute(
         drill: None,
         stuck_ios: Vec::new(),
         verify: Vec::new(),
-        curve: None,
+        series: None,
     };
     Ok(RunOutput { results, finals })
 }

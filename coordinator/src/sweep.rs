@@ -365,7 +365,7 @@ pub async fn run(
         })
         .await?;
     report.roles.iter_mut().for_each(judge);
-    results.curve = Some(crate::results::Series {
+    results.series = Some(crate::results::Series {
         sweep: Some(report.clone()),
         ..Default::default()
     });
@@ -672,7 +672,7 @@ mod tests {
         }))
         .unwrap();
         // A single run has neither section, and reads back as it was written.
-        assert_eq!(single.curve, None);
+        assert_eq!(single.series, None);
         let json = serde_json::to_value(&single).unwrap();
         assert!(
             json.get("curve").is_none() && json.get("sweep").is_none(),
@@ -692,7 +692,7 @@ mod tests {
         };
         judge(&mut rs);
         let mut swept = single.clone();
-        swept.curve = Some(crate::results::Series {
+        swept.series = Some(crate::results::Series {
             sweep: Some(SweepReport { roles: vec![rs] }),
             ..Default::default()
         });

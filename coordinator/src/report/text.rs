@@ -162,11 +162,11 @@ pub fn render(r: &RunResults) -> String {
         let _ = write!(o, "\ndrill: {}", crate::drill::render_text(d));
     }
     o.push_str(&crate::drill::render_stuck_and_verify(r));
-    if let Some(c) = r.curve.as_ref().and_then(|s| s.curve.as_ref()) {
+    if let Some(c) = r.series.as_ref().and_then(|s| s.curve.as_ref()) {
         o.push('\n');
         o.push_str(&crate::curve::render_text(c));
     }
-    if let Some(sw) = r.curve.as_ref().and_then(|s| s.sweep.as_ref()) {
+    if let Some(sw) = r.series.as_ref().and_then(|s| s.sweep.as_ref()) {
         o.push('\n');
         o.push_str(&crate::sweep::render_text(sw));
     }
