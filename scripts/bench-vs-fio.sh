@@ -6,7 +6,7 @@
 # install, a run), never because a ratio misses its target. See scripts/README.md.
 #
 #   scripts/bench-vs-fio.sh [--runs N] [--scratch DIR] [--cases 1,2,3,4,5] [--out FILE]
-#                           [--no-perf] [--no-build] [--quick] [--keep-json DIR]
+#                           [--no-perf] [--no-build] [--quick] [--keep-json DIR] [--cpus LIST]
 set -euo pipefail
 
 usage() {
@@ -31,6 +31,10 @@ usage: scripts/bench-vs-fio.sh [options]
   --quick          smoke test of this script: every runtime becomes 3 s in copies of the job
                    files, and no report is written unless --out is given. Not a benchmark.
   --keep-json DIR  copy every raw fio/lockstep JSON and /usr/bin/time output into DIR
+  --cpus LIST      run both tools under `taskset -c LIST` (default: not pinned). Where the
+                   job's thread runs relative to the CPU taking the device's interrupts moves
+                   IOPS by ~10% on a 2-vCPU VM, and the scheduler decides that anew in every
+                   run; pinning both tools to the same CPUs removes that part of the noise.
 EOF
 }
 
@@ -45,6 +49,7 @@ PERF=1
 BUILD=1
 QUICK=0
 KEEP_JSON=""
+CPUS=""
 ORIG_ARGS=("$@")
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -58,6 +63,8 @@ while [ $# -gt 0 ]; do
         --out=*) OUT="${1#*=}"; shift ;;
         --keep-json) KEEP_JSON="${2:?--keep-json needs a directory}"; shift 2 ;;
         --keep-json=*) KEEP_JSON="${1#*=}"; shift ;;
+        --cpus) CPUS="${2:?--cpus needs a CPU list}"; shift 2 ;;
+        --cpus=*) CPUS="${1#*=}"; shift ;;
         --no-perf) PERF=0; shift ;;
         --no-build) BUILD=0; shift ;;
         --quick) QUICK=1; shift ;;
@@ -98,6 +105,13 @@ command -v fio >/dev/null 2>&1 || apt_install fio
 [ -x /usr/bin/time ] || apt_install time
 FIO="$(command -v fio)"
 TIME=/usr/bin/time
+# PIN: a command prefix, empty or taskset -c LIST (applied to both tools alike).
+PIN=()
+if [ -n "$CPUS" ]; then
+    command -v taskset >/dev/null 2>&1 || die "--cpus needs taskset (util-linux)"
+    taskset -c "$CPUS" true 2>/dev/null || die "--cpus $CPUS: taskset refuses this CPU list"
+    PIN=(taskset -c "$CPUS")
+fi
 if [ "$PERF" = 1 ]; then
     if ! command -v perf >/dev/null 2>&1 || ! perf stat -e task-clock -o /dev/null true >/dev/null 2>&1; then
         note "perf is not usable here: skipping the perf stat pass"; PERF=0
@@ -282,9 +296,9 @@ run_tool() { # tool case name i jobfile dir prefix [fio's jobfile]
     local err="$WORK/results/$prefix$case-$name-$tool-$i.stderr" load rc=0
     load="$(cut -d' ' -f1 /proc/loadavg)"
     if [ "$tool" = fio ]; then
-        LOCKSTEP_DIR="$dir" "$TIME" -v -o "$tm" "$FIO" --output-format=json --output="$out" "$job" 2>"$err" || rc=$?
+        LOCKSTEP_DIR="$dir" ${PIN[@]+"${PIN[@]}"} "$TIME" -v -o "$tm" "$FIO" --output-format=json --output="$out" "$job" 2>"$err" || rc=$?
     else
-        LOCKSTEP_DIR="$dir" "$TIME" -v -o "$tm" "$AGENT" run "$job" --output-format=json --output="$out" --keep-files 2>"$err" || rc=$?
+        LOCKSTEP_DIR="$dir" ${PIN[@]+"${PIN[@]}"} "$TIME" -v -o "$tm" "$AGENT" run "$job" --output-format=json --output="$out" --keep-files 2>"$err" || rc=$?
     fi
     if [ "$rc" != 0 ] || [ ! -s "$out" ]; then
         echo "---- $tool on $job (run $i) failed with exit status $rc; its stderr:" >&2
@@ -303,6 +317,7 @@ perf_tool() { # tool case name jobfile dir
     local cmd
     if [ "$tool" = fio ]; then cmd=("$FIO" --output-format=json --output="$out" "$job")
     else cmd=("$AGENT" run "$job" --output-format=json --output="$out" --keep-files); fi
+    cmd=(${PIN[@]+"${PIN[@]}"} "${cmd[@]}")
     if ! LOCKSTEP_DIR="$dir" perf stat -x, -o "$po" -e "$events" -- "${cmd[@]}" 2>/dev/null; then
         # Tracepoints may be unavailable (no tracefs): fall back to the generic counters.
         LOCKSTEP_DIR="$dir" perf stat -x, -o "$po" -e task-clock,context-switches,cpu-migrations -- "${cmd[@]}" 2>/dev/null ||
@@ -356,7 +371,7 @@ for a in "${ORIG_ARGS[@]+"${ORIG_ARGS[@]}"}"; do CMDLINE+=" $(printf '%q' "$a")"
 CPU_MODEL="$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)"
 DEVICE="$(df -P "$SCRATCH" | awk 'NR==2 {print $1}')"
 
-export B_RUNS="$RUNS" B_DATE="$START_DATE" B_CMD="$CMDLINE" B_NPROC="$(nproc)" B_KERNEL="$(uname -r)" \
+export B_CPUS="$CPUS" B_RUNS="$RUNS" B_DATE="$START_DATE" B_CMD="$CMDLINE" B_NPROC="$(nproc)" B_KERNEL="$(uname -r)" \
     B_FIOVER="$("$FIO" --version)" B_AGENTVER="$("$AGENT" --version 2>/dev/null || echo '?')" \
     B_HEAD="$GIT_HEAD" B_DIRTY="$GIT_DIRTY" B_DIFFHASH="$GIT_DIFF_HASH" B_AGENTHASH="$AGENT_HASH" B_TREEMOVED="$TREE_MOVED" B_CPU="${CPU_MODEL:-unknown}" B_FSTYPE="$FSTYPE" \
     B_DEVICE="$DEVICE" B_ELAPSED="$ELAPSED" B_QUICK="$QUICK" B_REPO="$REPO" B_WORK="$WORK"
@@ -597,6 +612,8 @@ w(f"- fio: {E['B_FIOVER']} (Debian package); lockstep: {E['B_AGENTVER']}, releas
 w(f"- scratch: a directory on {E['B_DEVICE']} ({E['B_FSTYPE']}), removed at the end; data files laid out once by fio"
   " (create_only=1, overwrite=1) before any timed run, then reused by both tools")
 w(f"- runs: {E['B_RUNS']} per tool per case; peak RSS and process CPU from `/usr/bin/time -v`")
+w(f"- CPUs: both tools pinned with `taskset -c {E['B_CPUS']}`" if E.get("B_CPUS") else
+  "- CPUs: not pinned (the scheduler places each run's threads)")
 w("")
 w("## Summary (medians)")
 w("")
