@@ -511,15 +511,15 @@ impl Agent for AgentService {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
-        let (volumes, hub, keep_files, interval) =
-            match std::mem::replace(&mut *phase, Phase::Idle) {
-                Phase::Prepared {
-                    run_id,
-                    volumes,
-                    hub,
-                    keep_files,
-                    interval,
-                } if run_id == req.run_id => (volumes, hub, keep_files, interval),
+        let (volumes, hub, keep_files, interval) = match std::mem::replace(&mut *phase, Phase::Idle)
+        {
+            Phase::Prepared {
+                run_id,
+                volumes,
+                hub,
+                keep_files,
+                interval,
+            } if run_id == req.run_id => (volumes, hub, keep_files, interval),
             other => {
                 let msg = match &other {
                     Phase::Idle => "nothing prepared".to_string(),

@@ -222,7 +222,7 @@ pub struct CreditCheck {
     pub onset_matches_forecast: bool,
     /// Whether the rate after the onset sits at the model's baseline (within 15%).
     pub at_baseline: bool,
-    /// The rate after the onset in the model's unit.
+    /// The rate after the onset in the model's unit (median of the intervals after it).
     pub rate_after: f64,
 }
 
@@ -1218,12 +1218,15 @@ impl Ctx<'_> {
                 .points(v, first, onset)
                 .map(|(_, p)| m.demand(p))
                 .collect();
-            let post: Vec<f64> = self
+            let mut post: Vec<f64> = self
                 .points(v, onset, end)
                 .map(|(_, p)| m.demand(p))
                 .collect();
             let demand_before = mean(&pre);
-            let rate_after = mean(&post);
+            // The level after the cliff is the median: the bucket empties inside the onset
+            // interval, which is mostly burst, and its mean would lift a baseline of 180 to 250
+            // over 18 intervals.
+            let rate_after = stats::median(&mut post).unwrap_or(0.0);
             let forecast_onset_ms = (!pre.is_empty())
                 .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
                 .flatten()

@@ -650,3 +650,56 @@ proptest! {
         }
     }
 }
+
+/// The e2e run's shape: a 60 GiB gp2 at 300x among io1 peers at 1,000 IOPS, a short history,
+/// and the bucket emptying 0.38 s into interval 6, so that interval is mostly burst. The level
+/// after the cliff is the baseline; the one mixed interval must not lift it above tolerance
+/// (its mean over the 18 intervals after would be 252, not 180).
+#[test]
+fn a_cliff_inside_an_interval_still_reads_as_the_baseline_after_it() {
+    let mut t = cluster(6, 1, 24, |node, _, k| {
+        let cap = match (node, k) {
+            (0, 0..6) => 3000.0,
+            (0, 6) => 0.38 * 3000.0 + 0.62 * 180.0,
+            (0, _) => 180.0,
+            _ => 1000.0,
+        };
+        (0.5, cap)
+    });
+    for s in &mut t.volumes {
+        s.model = Some(VolumeModel {
+            kind: "io1".into(),
+            size_gib: 100.0,
+            provisioned_iops: Some(1000),
+            ..Default::default()
+        });
+    }
+    t.volumes[0].model = Some(VolumeModel {
+        kind: "gp2".into(),
+        size_gib: 60.0,
+        ..Default::default()
+    });
+    // The mixed interval's slowest IOs already waited on the empty bucket, so it is the first
+    // one flagged (as in the e2e run).
+    let mixed = &mut t.volumes[0].points[6];
+    (mixed.lat_mean_us, mixed.lat_p99_us) = (60_000.0, 120_000.0);
+    let opts = AnalysisOptions {
+        time_scales: vec![VolumeTimeScale {
+            node: "worker-1".into(),
+            volume: "/data0".into(),
+            time_scale: 300.0,
+        }],
+        ..Default::default()
+    };
+    let r = analyze(&t, &opts);
+    let Verdict::Volume(v) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(v.node, "worker-1");
+    let c = v.evidence.credit.as_ref().unwrap();
+    assert!(c.at_baseline, "{c:?}");
+    assert!((c.rate_after - 180.0).abs() < 2.0, "{c:?}");
+    assert!(c.onset_matches_forecast, "{c:?}");
+    assert_eq!(v.onset_interval, 6);
+    assert_eq!(v.kind, ChokepointKind::CreditExhaustion, "{v:?}");
+}
