@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 pub use credit::{CreditForecast, CreditModel, CreditUnit, GP2_BUCKET, GP2_BURST_IOPS};
-pub use render::{format_duration_ms, render_text};
+pub use render::{format_duration_ms, live_lines, render_text};
 
 use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use stats::{Center, MAD_TO_SIGMA};

@@ -38,6 +38,28 @@ pub fn render_text(r: &ChokepointReport) -> String {
     s
 }
 
+/// What the live view shows: the verdict's first line, then the credit buckets that have not
+/// run out yet, soonest first (at most `max_forecasts`). A cliff is worth seeing before it
+/// happens, while there is still time to stop the run or resize the volume.
+pub fn live_lines(r: &ChokepointReport, max_forecasts: usize) -> Vec<String> {
+    let mut first = String::new();
+    verdict_text(&mut first, &r.verdict, true);
+    let mut lines: Vec<String> = first.lines().take(1).map(str::to_string).collect();
+    let mut upcoming: Vec<&CreditForecast> = r
+        .forecasts
+        .iter()
+        .filter(|f| f.runs_out_in_s.is_some())
+        .collect();
+    upcoming.sort_by(|a, b| a.runs_out_in_s.partial_cmp(&b.runs_out_in_s).unwrap());
+    lines.extend(
+        upcoming
+            .into_iter()
+            .take(max_forecasts)
+            .filter_map(forecast_text),
+    );
+    lines
+}
+
 fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
     match v {
         Verdict::None => s.push_str(

@@ -455,6 +455,18 @@ fn live_partial_timeline_forecasts_the_cliff_before_it_happens() {
     assert!(at.abs_diff(31_915) <= 1, "{at}");
     let text = render_text(&r);
     assert!(text.contains("worker-1/data0: gp2 credits run out in ~17s at current demand (3,000 IOPS, baseline 180)"), "{text}");
+    // The live view: the verdict, then the cliff ahead.
+    let live = live_lines(&r, 2);
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(live[0].starts_with("no chokepoint"), "{live:?}");
+    assert!(live[1].contains("credits run out in ~17s"), "{live:?}");
+    // Once it has run out, the line is no longer a forecast and leaves the live view.
+    let after = analyze(&credit_cliff_timeline(), &cliff_options());
+    assert!(
+        live_lines(&after, 2)
+            .iter()
+            .all(|l| !l.contains("run out in"))
+    );
 }
 
 #[test]
