@@ -178,6 +178,10 @@ pub struct Evidence {
     /// Mean IOPS before the onset (None when it was slow from the start).
     pub iops_before: Option<f64>,
     pub iops: f64,
+    /// Median IOPS after the onset: the level a throttle pins the volume at. The mean above
+    /// counts the onset interval, which a credit cliff splits between burst and baseline.
+    #[serde(default)]
+    pub iops_median: f64,
     /// Mean over the same intervals of the peers' median IOPS.
     pub peer_iops: f64,
     /// Robust coefficient of variation (MAD x 1.4826 / median) of its IOPS after the onset: low
@@ -1170,6 +1174,7 @@ impl Ctx<'_> {
         }
         let k = ev.intervals.max(1) as f64;
         ev.iops = mean(&iops);
+        ev.iops_median = stats::median(&mut iops).unwrap_or(0.0);
         ev.iops_cv = stats::robust_cv(&mut iops).unwrap_or(0.0);
         ev.peer_iops = mean(&peer_iops);
         ev.latency_mean_us = stats::median(&mut lat).unwrap_or(0.0);

@@ -116,7 +116,7 @@ fn volume_text(s: &mut String, v: &VolumeVerdict, detail: bool) {
         .unwrap_or_default();
     let what = match v.kind {
         ChokepointKind::Throttled | ChokepointKind::CreditExhaustion => {
-            format!("IOPS pinned at {}", count(e.iops))
+            format!("IOPS pinned at {}", count(e.iops_median))
         }
         ChokepointKind::FailSlow => format!("latency {} its peers'", times(v.impact.latency_ratio)),
         ChokepointKind::Erroring => format!("errors on {} of IOs", percent(e.error_fraction)),

@@ -490,6 +490,7 @@ fn render_text_gives_the_product_sentence() {
             flagged_intervals: 200,
             iops_before: Some(2950.0),
             iops: 180.0,
+            iops_median: 180.0,
             peer_iops: 2900.0,
             iops_cv: 0.012,
             latency_mean_us: 22_000.0,
@@ -711,6 +712,14 @@ fn a_cliff_inside_an_interval_still_reads_as_the_baseline_after_it() {
     let c = v.evidence.credit.as_ref().unwrap();
     assert!(c.at_baseline, "{c:?}");
     assert!((c.rate_after - 180.0).abs() < 2.0, "{c:?}");
+    // "Pinned at" is the level, not the mean that the mixed interval lifts.
+    assert!((v.evidence.iops_median - 180.0).abs() < 2.0, "{v:?}");
+    assert!(v.evidence.iops > 200.0, "{v:?}");
+    assert!(
+        render_text(&r).contains("IOPS pinned at 180 from t=6s"),
+        "{}",
+        render_text(&r)
+    );
     assert!(c.onset_matches_forecast, "{c:?}");
     assert_eq!(v.onset_interval, 6);
     assert_eq!(v.kind, ChokepointKind::CreditExhaustion, "{v:?}");
