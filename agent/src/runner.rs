@@ -937,6 +937,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 &mut completions,
                 &mut failure,
                 due_wake(
+                    stopping,
                     next_tick,
                     deadline,
                     (!sync_pending && !exhausted).then_some([next_intended, not_before]),
@@ -1139,13 +1140,19 @@ fn absolute(p: &std::path::Path) -> String {
 
 /// The next instant the loop must act at on its own: an interval tick, the deadline, an issue
 /// time (rate, thinktime; `None` when no IO may be issued now), a gated IO or a held completion.
+///
+/// Once stopping, the loop only waits for the IOs in flight, so the deadline (by then past) no
+/// longer bounds the wait: it turned every wait of the drain into a poll, which spun for the
+/// longest IO's latency (120 ms and ~1,200 system calls after a run of 16 MiB reads).
 fn due_wake(
+    stopping: bool,
     next_tick: Instant,
     deadline: Option<Instant>,
     issue: Option<[Option<Instant>; 2]>,
     gated: Option<Instant>,
     held: Option<Instant>,
 ) -> Instant {
+    let deadline = deadline.filter(|_| !stopping);
     let mut wake = deadline.map_or(next_tick, |d| d.min(next_tick));
     for t in issue
         .into_iter()
@@ -1437,5 +1444,47 @@ fn sleep_until_unless_stopped(t: Instant, stop: &AtomicBool) {
         } else {
             std::hint::spin_loop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_is_bounded_by_what_is_due_and_a_drain_waits_for_completions() {
+        let now = Instant::now();
+        let ms = |n: u64| now + Duration::from_millis(n);
+        // Running: the earliest of tick, deadline, issue time, gated IO and held completion.
+        assert_eq!(
+            due_wake(false, ms(1000), Some(ms(500)), None, None, None),
+            ms(500)
+        );
+        assert_eq!(
+            due_wake(
+                false,
+                ms(1000),
+                Some(ms(500)),
+                Some([Some(ms(7)), None]),
+                Some(ms(9)),
+                None
+            ),
+            ms(7)
+        );
+        assert_eq!(
+            due_wake(false, ms(1000), None, None, Some(ms(30)), Some(ms(20))),
+            ms(20)
+        );
+        // Past the deadline and stopping: the past deadline would make the wait a poll (a spin
+        // for as long as the last IOs take); the drain waits until the next tick instead.
+        let past = now - Duration::from_millis(5);
+        assert_eq!(
+            due_wake(false, ms(1000), Some(past), None, None, None),
+            past
+        );
+        assert_eq!(
+            due_wake(true, ms(1000), Some(past), None, None, None),
+            ms(1000)
+        );
     }
 }
