@@ -170,11 +170,12 @@ pub fn forecast(
     points: &[VolumePoint],
     time_scale: f64,
     window: usize,
+    interval_ms: u64,
 ) -> CreditForecast {
     let mut balance = model.bucket;
     let mut exhausted_at_ms = None;
     let mut end_ms = 0;
-    for p in points.iter().filter(|p| p.len_ms > 0) {
+    for p in points.iter().filter(|p| super::measured(p, interval_ms)) {
         let secs = p.len_ms as f64 / 1000.0;
         let d = model.demand(p);
         let net = (d.min(model.burst) - model.baseline) * time_scale;
@@ -188,7 +189,7 @@ pub fn forecast(
     let recent: Vec<&VolumePoint> = points
         .iter()
         .rev()
-        .filter(|p| p.len_ms > 0)
+        .filter(|p| super::measured(p, interval_ms))
         .take(window.max(1))
         .collect();
     let demand = if recent.is_empty() {
@@ -297,7 +298,7 @@ mod tests {
         };
         // 10 s at 3,000 IOPS with a 60x time scale: 10 x 2,820 x 60 = 1,692,000 credits spent.
         let pts: Vec<VolumePoint> = (0..10).map(|k| pt(k, 3000)).collect();
-        let f = forecast("worker-3", "/data", &m, &pts, 60.0, 60);
+        let f = forecast("worker-3", "/data", &m, &pts, 60.0, 60, 1000);
         assert!((f.balance - 3_708_000.0).abs() < 1e-6);
         assert!((f.runs_out_in_s.unwrap() - 3_708_000.0 / (2820.0 * 60.0)).abs() < 1e-9);
         assert_eq!(f.runs_out_at_ms, Some(10_000 + 21_915));
@@ -306,7 +307,7 @@ mod tests {
         let pts: Vec<VolumePoint> = (0..60)
             .map(|k| pt(k, if k < 32 { 3000 } else { 180 }))
             .collect();
-        let f = forecast("worker-3", "/data", &m, &pts, 60.0, 10);
+        let f = forecast("worker-3", "/data", &m, &pts, 60.0, 10, 1000);
         assert_eq!(f.exhausted_at_ms, Some(31_915));
         assert_eq!((f.balance, f.runs_out_in_s), (0.0, None));
     }

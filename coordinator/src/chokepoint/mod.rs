@@ -422,7 +422,7 @@ impl Layout {
             });
             roles[r].members.push(v);
             role_of.push(r);
-            if let Some(p) = s.points.iter().rev().find(|p| p.len_ms > 0) {
+            if let Some(p) = s.points.iter().rev().find(|p| measured(p, interval_ms)) {
                 intervals = intervals.max(index(p, interval_ms) + 1);
                 end_ms = end_ms.max(p.t_ms);
             }
@@ -440,9 +440,18 @@ impl Layout {
     }
 }
 
-/// Interval index of a point: its start (t_ms is its end; the last interval may be short).
+/// Whether a point is a measured interval. A run's last point can be a tail of a few ms (the
+/// IOs still in flight at the deadline) whose rates mean nothing: 4 IOs in 1 ms are not
+/// 4,000 IOPS. Points shorter than a quarter of the interval are left out, as empty ones are.
+pub(crate) fn measured(p: &VolumePoint, interval_ms: u64) -> bool {
+    p.len_ms > 0 && p.len_ms.saturating_mul(4) >= interval_ms
+}
+
+/// Interval index of a point, from its middle. t_ms is its end on the interval clock and
+/// len_ms what the agent measured, a few ms more or less than the interval (and less for the
+/// last one): `t_ms - len_ms` put a 1,004 ms point into the interval before its own.
 fn index(p: &VolumePoint, interval_ms: u64) -> usize {
-    (p.t_ms.saturating_sub(p.len_ms) / interval_ms) as usize
+    (p.t_ms.saturating_sub(p.len_ms / 2) / interval_ms) as usize
 }
 
 fn has_latency(p: &VolumePoint) -> bool {
@@ -493,7 +502,7 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
                 let mut c = cursor[m];
                 while c < pts.len() {
                     let p = &pts[c];
-                    if p.len_ms == 0 {
+                    if !measured(p, lay.interval_ms) {
                         c += 1;
                         continue;
                     }
@@ -665,7 +674,7 @@ fn own_history(
     let to = from + opts.history_intervals.max(1);
     buf.clear();
     for p in &s.points {
-        if p.len_ms == 0 {
+        if !measured(p, lay.interval_ms) {
             continue;
         }
         let i = index(p, lay.interval_ms);
@@ -775,7 +784,8 @@ impl Persistence {
 ///
 /// Pure and deterministic: the same timeline and options give the same report. Each volume's
 /// points must be in time order (as the coordinator appends them); volumes may have different
-/// lengths (a lost agent, a live run's stragglers) and points with `len_ms == 0` are ignored.
+/// lengths (a lost agent, a live run's stragglers) and points shorter than a quarter of the
+/// interval (empty ones, a run's last few ms) are ignored.
 pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
     let lay = Layout::new(t);
     let n = lay.intervals;
@@ -793,7 +803,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         hist.push(h);
         let r = lay.role_of[v];
         let (mut out_sum, mut out_n) = (0.0, 0usize);
-        for p in s.points.iter().filter(|p| p.len_ms > 0) {
+        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
             let i = index(p, lay.interval_ms);
             let hp = h.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
             // Degraded or flagged.
@@ -861,7 +871,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
     for (v, s) in t.volumes.iter().enumerate() {
         let r = lay.role_of[v];
         let mut pers = Persistence::default();
-        for p in s.points.iter().filter(|p| p.len_ms > 0) {
+        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
             let i = index(p, lay.interval_ms);
             if neutral[r][i] {
                 pers.step(i, None, threshold);
@@ -969,6 +979,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
                 &s.points,
                 scales.of(s),
                 opts.forecast_window,
+                lay.interval_ms,
             ))
         })
         .collect();
@@ -1062,7 +1073,7 @@ impl Ctx<'_> {
         let start = pts.partition_point(|p| index(p, iv) < from);
         pts[start..]
             .iter()
-            .filter(|p| p.len_ms > 0)
+            .filter(move |p| measured(p, iv))
             .map(move |p| (index(p, iv), p))
             .take_while(move |&(i, _)| i < to)
     }
@@ -1073,7 +1084,7 @@ impl Ctx<'_> {
         self.t.volumes[v]
             .points
             .iter()
-            .find(|p| p.len_ms > 0)
+            .find(|p| measured(p, self.lay.interval_ms))
             .map_or(0, |p| index(p, self.lay.interval_ms))
     }
 

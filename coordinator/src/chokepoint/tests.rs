@@ -724,3 +724,66 @@ fn a_cliff_inside_an_interval_still_reads_as_the_baseline_after_it() {
     assert_eq!(v.onset_interval, 6);
     assert_eq!(v.kind, ChokepointKind::CreditExhaustion, "{v:?}");
 }
+
+/// Real intervals are 1 s give or take a few ms (the merger puts each at its place on the clock:
+/// t_ms is the end of interval k, len_ms what the agent measured). A point measured 1,004 ms
+/// long must still be interval k, not k - 1: a run's peer statistics were computed with two
+/// points of one volume in one interval and none in the next, and the quickstart's cliff at
+/// t=19s was reported at t=22s.
+#[test]
+fn intervals_a_few_ms_longer_or_shorter_stay_in_their_place() {
+    let exact = credit_cliff_timeline();
+    let mut jittered = exact.clone();
+    for s in &mut jittered.volumes {
+        for (k, p) in s.points.iter_mut().enumerate() {
+            p.len_ms = [996, 1000, 1004][(k * 7 + s.volume.len()) % 3];
+        }
+    }
+    let a = analyze(&exact, &cliff_options());
+    let b = analyze(&jittered, &cliff_options());
+    let (Verdict::Volume(va), Verdict::Volume(vb)) = (&a.verdict, &b.verdict) else {
+        panic!("{:?} / {:?}", a.verdict, b.verdict)
+    };
+    assert_eq!(
+        (vb.node.as_str(), vb.kind, vb.onset_interval),
+        (va.node.as_str(), va.kind, va.onset_interval)
+    );
+    assert_eq!(b.intervals, a.intervals);
+    assert_eq!(vb.evidence.peers, va.evidence.peers);
+    assert!((vb.evidence.peer_iops / va.evidence.peer_iops - 1.0).abs() < 0.01);
+}
+
+/// A run's last point is the IOs still in flight at the deadline, a few ms long: 4 IOs in
+/// 1 ms. Counted as an interval, it made a volume held at 180 IOPS average 303 after the onset
+/// and bent Little's law (5.8 outstanding against 4 measured) in the quickstart's report.
+#[test]
+fn a_few_ms_tail_at_the_end_of_a_run_is_not_an_interval() {
+    let exact = credit_cliff_timeline();
+    let mut tailed = exact.clone();
+    for s in &mut tailed.volumes {
+        let last = s.points.last().unwrap().clone();
+        s.points.push(VolumePoint {
+            t_ms: last.t_ms + 1000,
+            len_ms: 2,
+            ios: [4, 0],
+            bytes: [4 * 8192, 0],
+            ..last
+        });
+    }
+    let (a, b) = (
+        analyze(&exact, &cliff_options()),
+        analyze(&tailed, &cliff_options()),
+    );
+    let (Verdict::Volume(va), Verdict::Volume(vb)) = (&a.verdict, &b.verdict) else {
+        panic!("{:?} / {:?}", a.verdict, b.verdict)
+    };
+    assert_eq!(b.intervals, a.intervals);
+    assert_eq!(vb.evidence.intervals, va.evidence.intervals);
+    assert!(
+        (vb.evidence.iops - va.evidence.iops).abs() < 1e-9,
+        "{:?}",
+        vb.evidence
+    );
+    assert!((vb.evidence.littles_outstanding - va.evidence.littles_outstanding).abs() < 1e-9);
+    assert_eq!(b.forecasts[0].demand, a.forecasts[0].demand);
+}
