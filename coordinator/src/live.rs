@@ -132,7 +132,9 @@ impl RunObserver for LiveView {
                 self.last_line = Instant::now();
                 eprintln!("lockstep: t={:.0}s {msg}", elapsed.as_secs_f64());
                 if !self.suspect.is_empty() && self.suspect != self.printed_suspect {
-                    eprintln!("lockstep:   {}", self.suspect);
+                    for line in self.suspect.lines() {
+                        eprintln!("lockstep:   {}", line.trim_start());
+                    }
                     self.printed_suspect = self.suspect.clone();
                 }
             }
