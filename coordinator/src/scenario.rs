@@ -714,7 +714,7 @@ pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
         };
         for (v, vol) in vols.iter_mut().enumerate() {
             let role = &roles[vol.role];
-            let p = simulate_point(
+            let mut p = simulate_point(
                 role,
                 vol,
                 k,
@@ -728,6 +728,12 @@ pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
                 p_gc,
                 rng,
             );
+            // Measured lengths are a few ms off the interval (an agent closes one when it sees
+            // the tick), while the point keeps its place on the clock (t_ms), as the merger
+            // puts it. Deterministic, so the random draws of every scenario stay the same.
+            let step = (spec.interval_ms / 1000).max(1) as i64;
+            let off = ((k * 31 + v * 17) % 9) as i64 - 4;
+            p.len_ms = (spec.interval_ms as i64 + off * step).max(1) as u64;
             series[v].points.push(p);
         }
     }
@@ -918,6 +924,7 @@ mod tests {
                 assert_eq!(s.points.len(), spec.intervals);
                 for (k, p) in s.points.iter().enumerate() {
                     assert_eq!(p.t_ms, (k as u64 + 1) * spec.interval_ms);
+                    assert!(p.len_ms.abs_diff(spec.interval_ms) * 200 <= spec.interval_ms);
                     assert!(p.lat_mean_us.is_finite() && p.outstanding >= 0.0);
                 }
             }
