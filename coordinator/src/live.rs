@@ -21,9 +21,10 @@ pub struct LiveView {
     total: Duration,
     last_line: Instant,
     last_suspect: Instant,
-    suspect: String,
-    /// The suspect last printed as a log line (printed again only when it changes).
-    printed_suspect: String,
+    /// The chokepoint verdict line and the credit cliffs ahead (`chokepoint::live_lines`).
+    suspect: Vec<String>,
+    /// The suspect last printed as log lines (printed again only when it changes).
+    printed_suspect: Vec<String>,
     quiet: bool,
 }
 
@@ -47,8 +48,8 @@ impl LiveView {
             total,
             last_line: Instant::now(),
             last_suspect: Instant::now(),
-            suspect: String::new(),
-            printed_suspect: String::new(),
+            suspect: Vec::new(),
+            printed_suspect: Vec::new(),
             quiet,
         }
     }
@@ -107,7 +108,7 @@ impl RunObserver for LiveView {
         if self.last_suspect.elapsed() > Duration::from_secs(5) {
             self.last_suspect = Instant::now();
             let report = chokepoint::analyze(&merger.timeline(), &self.analysis);
-            self.suspect = chokepoint::live_lines(&report, 2).join("\n  ");
+            self.suspect = chokepoint::live_lines(&report, 2);
         }
         let worst = worst_volume(merger)
             .map(|(v, p99)| format!(" | worst {v} p99 {:.2} ms", p99 / 1000.0))
@@ -121,19 +122,15 @@ impl RunObserver for LiveView {
         match &self.bar {
             Some(b) => {
                 b.set_position(elapsed.as_secs().min(self.total.as_secs()));
-                let suspect = if self.suspect.is_empty() {
-                    String::new()
-                } else {
-                    format!("\n  {}", self.suspect)
-                };
+                let suspect: String = self.suspect.iter().map(|l| format!("\n  {l}")).collect();
                 b.set_message(format!("{msg}{suspect}"));
             }
             None if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) => {
                 self.last_line = Instant::now();
                 eprintln!("lockstep: t={:.0}s {msg}", elapsed.as_secs_f64());
                 if !self.suspect.is_empty() && self.suspect != self.printed_suspect {
-                    for line in self.suspect.lines() {
-                        eprintln!("lockstep:   {}", line.trim_start());
+                    for line in &self.suspect {
+                        eprintln!("lockstep:   {line}");
                     }
                     self.printed_suspect = self.suspect.clone();
                 }

@@ -50,7 +50,11 @@ pub fn live_lines(r: &ChokepointReport, max_forecasts: usize) -> Vec<String> {
         .iter()
         .filter(|f| f.runs_out_in_s.is_some())
         .collect();
-    upcoming.sort_by(|a, b| a.runs_out_in_s.partial_cmp(&b.runs_out_in_s).unwrap());
+    upcoming.sort_by(|a, b| {
+        a.runs_out_in_s
+            .unwrap()
+            .total_cmp(&b.runs_out_in_s.unwrap())
+    });
     lines.extend(
         upcoming
             .into_iter()

@@ -761,7 +761,7 @@ fn a_few_ms_tail_at_the_end_of_a_run_is_not_an_interval() {
     let exact = credit_cliff_timeline();
     let mut tailed = exact.clone();
     for s in &mut tailed.volumes {
-        let last = s.points.last().unwrap().clone();
+        let last = *s.points.last().unwrap();
         s.points.push(VolumePoint {
             t_ms: last.t_ms + 1000,
             len_ms: 2,
