@@ -5,7 +5,8 @@
 //! Checked key by key against fio 3.33's output (see `FIO_JOB_KEYS` and `FIO_DIR_KEYS` in the
 //! tests); `job_start` is fio 3.36's addition. What lockstep adds uses keys fio does not have, which
 //! fio tooling ignores: `lat_intended_ns` (open-loop latency from the intended issue time),
-//! `error_message` and `error_ios`.
+//! `error_message`, `error_ios`, and `stuck_count` with `stuck_ios` (IOs slower than the job's
+//! `stuck_timeout`, or given up on when a device stopped answering; only when there are any).
 //!
 //! The document is built as an ordered tree and printed the way fio's `json.c` prints it (`"key" :
 //! value`, two-space indent, floats with six decimals, keys in fio's order); `to_value` and friends
@@ -123,6 +124,13 @@ fn job_obj(g: &JobGroup, runs: &[RunGroup], elapsed: Duration) -> Obj {
         }
         None => o.int("error", 0),
     }
+    if st.stuck_count > 0 {
+        o.int("stuck_count", st.stuck_count);
+        o.arr(
+            "stuck_ios",
+            st.stuck.iter().map(stuck_obj).map(Node::Obj).collect(),
+        );
+    }
     o.int("eta", 0);
     // fio: whole seconds since the run began, rounded up.
     o.int("elapsed", elapsed.as_millis().div_ceil(1000) as u64);
@@ -184,6 +192,19 @@ fn job_obj(g: &JobGroup, runs: &[RunGroup], elapsed: Duration) -> Obj {
     if let Some(desc) = &g.spec.description {
         o.str("desc", desc);
     }
+    o
+}
+
+/// One stuck IO, with the keys of the cluster's results.json.
+fn stuck_obj(s: &crate::stats::StuckIo) -> Obj {
+    let mut o = Obj::default();
+    o.str("file", &s.file);
+    o.int("offset", s.offset);
+    o.int("len", s.len as u64);
+    o.str("direction", s.direction.name());
+    o.int("start_ms", s.start_ms);
+    o.int("latency_ms", s.latency_ms);
+    o.0.push(("completed".into(), Node::Bool(s.completed)));
     o
 }
 
@@ -456,6 +477,7 @@ enum Node {
     Str(String),
     Int(u64),
     Float(f64),
+    Bool(bool),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -486,6 +508,7 @@ impl From<Node> for Value {
             Node::Arr(a) => Value::Array(a.into_iter().map(Value::from).collect()),
             Node::Str(s) => Value::String(s),
             Node::Int(i) => Value::from(i),
+            Node::Bool(b) => Value::Bool(b),
             // JSON has no NaN or infinity; a figure that is not finite has no meaning here.
             Node::Float(f) => Value::from(if f.is_finite() { f } else { 0.0 }),
         }
@@ -529,6 +552,7 @@ fn print(n: &Node, level: usize, out: &mut String) {
         }
         Node::Str(s) => out.push_str(&Value::String(s.clone()).to_string()),
         Node::Int(i) => out.push_str(&i.to_string()),
+        Node::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Node::Float(f) => out.push_str(&format!("{:.6}", if f.is_finite() { *f } else { 0.0 })),
     }
 }
@@ -646,6 +670,7 @@ mod tests {
             error: None,
             started: SystemTime::UNIX_EPOCH + Duration::from_secs(T0),
             verify: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -661,6 +686,34 @@ mod tests {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
         k
+    }
+
+    #[test]
+    fn stuck_ios_are_listed_only_when_there_are_any_and_print_as_json() {
+        let plain = to_value(&report(vec![read_job("r", 0, false)]));
+        assert!(plain["jobs"][0].get("stuck_ios").is_none());
+        let mut job = read_job("r", 0, false);
+        job.stats.stuck = vec![crate::stats::StuckIo {
+            file: "/d/r.0.0".into(),
+            offset: 8192,
+            len: 4096,
+            direction: Direction::Write,
+            start_ms: 250,
+            latency_ms: 6000,
+            completed: false,
+        }];
+        job.stats.stuck_count = 3;
+        let r = report(vec![job]);
+        // The printed text (fio's printer) and the value agree, booleans included.
+        let printed: Value = serde_json::from_str(&to_string(&r)).expect("valid JSON");
+        let j = &printed["jobs"][0];
+        assert_eq!(j["stuck_ios"], to_value(&r)["jobs"][0]["stuck_ios"]);
+        assert_eq!(j["stuck_count"], 3);
+        assert_eq!(
+            j["stuck_ios"][0],
+            serde_json::json!({"file": "/d/r.0.0", "offset": 8192, "len": 4096,
+                "direction": "write", "start_ms": 250, "latency_ms": 6000, "completed": false})
+        );
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct JobReport {
     pub started: SystemTime,
     /// What verification found (`verify=crc32c` jobs that wrote something).
     pub verify: Option<crate::verify::VerifyReport>,
+    /// Files of this clone whose last IOs were given up on because the device stopped
+    /// answering: left in place, since removing them would wait on the same device.
+    pub abandoned: Vec<std::path::PathBuf>,
 }
 
 /// A whole standalone run: every job, in job-file order.
@@ -450,6 +453,7 @@ pub fn cpu_percent(cpu: Duration, total_runtime: Duration) -> f64 {
 pub fn error_code(message: &str) -> i32 {
     const EIO: i32 = 5;
     const EILSEQ: i32 = 84;
+    const ETIMEDOUT: i32 = 110;
     let os_code = message.split_once("(os error ").and_then(|(_, rest)| {
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         digits.parse::<i32>().ok().filter(|&c| c != 0)
@@ -459,6 +463,9 @@ pub fn error_code(message: &str) -> i32 {
     }
     if message.to_ascii_lowercase().contains("verif") {
         return EILSEQ;
+    }
+    if message.contains("stopped answering") {
+        return ETIMEDOUT;
     }
     EIO
 }
@@ -544,6 +551,7 @@ mod tests {
             error: None,
             started: SystemTime::UNIX_EPOCH,
             verify: None,
+            abandoned: Vec::new(),
         }
     }
 

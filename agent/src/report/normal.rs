@@ -162,6 +162,7 @@ fn job_block(g: &JobGroup, run: Option<&RunGroup>, env: &Env, out: &mut String) 
         g.spec.iodepth
     ));
     queue_lines(g, out);
+    stuck_lines(g, out);
 }
 
 /// fio's `show_ddir_status` for read or write.
@@ -370,6 +371,44 @@ fn queue_lines(g: &JobGroup, out: &mut String) {
     }
 }
 
+/// lockstep's stuck IOs (slower than `stuck_timeout`, or given up on when the device stopped
+/// answering): how many, then the first few with where and when, so the slow block is named.
+fn stuck_lines(g: &JobGroup, out: &mut String) {
+    let st = &g.stats;
+    if st.stuck_count == 0 {
+        return;
+    }
+    let never = st.stuck.iter().filter(|s| !s.completed).count();
+    out.push_str(&format!(
+        "     stuck     : {} IOs slower than stuck_timeout={}ms, {never} of the listed never completed\n",
+        st.stuck_count,
+        g.spec.stuck_timeout.as_millis()
+    ));
+    const SHOWN: usize = 5;
+    for s in st.stuck.iter().take(SHOWN) {
+        out.push_str(&format!(
+            "       {} {} B at offset {} of {}: issued at {:.3} s, {} after {} ms\n",
+            s.direction.name(),
+            s.len,
+            s.offset,
+            s.file,
+            s.start_ms as f64 / 1000.0,
+            if s.completed {
+                "completed"
+            } else {
+                "still in flight"
+            },
+            s.latency_ms
+        ));
+    }
+    if st.stuck.len() > SHOWN {
+        out.push_str(&format!(
+            "       ... {} more in the JSON output (stuck_ios)\n",
+            st.stuck.len() - SHOWN
+        ));
+    }
+}
+
 /// fio's `show_group_stats`: one line per direction with IO in the group.
 fn group_status(r: &RunGroup, out: &mut String) {
     out.push_str(&format!("\nRun status group {} (all jobs):\n", r.groupid));
@@ -496,6 +535,7 @@ mod tests {
             error: None,
             started: SystemTime::UNIX_EPOCH + Duration::from_secs(T0),
             verify: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -615,6 +655,43 @@ mod tests {
         )
         .replace("VERSION", &version_string());
         assert_eq!(text, expected, "\n{text}");
+    }
+
+    #[test]
+    fn stuck_ios_are_counted_and_the_first_named_with_where_and_when() {
+        let mut job = read_job("s", 0);
+        let io = |offset: u64, completed: bool| crate::stats::StuckIo {
+            file: "/data/s.0.0".into(),
+            offset,
+            len: 4096,
+            direction: Direction::Read,
+            start_ms: 1500,
+            latency_ms: 2500,
+            completed,
+        };
+        job.stats.stuck = (0..7).map(|i| io(i * 4096, i == 0)).collect();
+        job.stats.stuck_count = 9;
+        let text = render_with(&report(vec![job]), &env());
+        assert!(
+            text.contains("     stuck     : 9 IOs slower than stuck_timeout=5000ms, 6 of the listed never completed\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("       read 4096 B at offset 0 of /data/s.0.0: issued at 1.500 s, completed after 2500 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "at offset 4096 of /data/s.0.0: issued at 1.500 s, still in flight after 2500 ms"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("       ... 2 more in the JSON output (stuck_ios)\n"),
+            "{text}"
+        );
+        // Without stuck IOs, no line.
+        assert!(!render_with(&report(vec![read_job("s", 0)]), &env()).contains("stuck"));
     }
 
     #[test]
