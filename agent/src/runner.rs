@@ -203,6 +203,18 @@ impl PreparedRun {
             groupid += 1;
             i = end;
         }
+        // Files whose device stopped answering stay: removing them would wait on it too.
+        for r in &reports {
+            for p in &r.abandoned {
+                if self.created.paths.contains(p) {
+                    tracing::warn!(
+                        "{}: left in place, its device stopped answering; remove it once the device is back",
+                        p.display()
+                    );
+                }
+            }
+            self.created.paths.retain(|p| !r.abandoned.contains(p));
+        }
         self.discard(opts.keep_files);
         // A verify state is only worth keeping beside the data it describes.
         for r in &mut reports {
@@ -323,8 +335,13 @@ fn run_group(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
+    // Reports come back over a channel and the threads are never joined: a thread that gave
+    // up on IOs a device never answered cannot finish exiting (the kernel waits for its ring's
+    // requests), but its report is sent before that, and the scope only waits for the
+    // closures to return. A panicking clone still makes the scope panic, as a join did.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, JobReport)>();
+    let mut count = 0usize;
     std::thread::scope(|scope| {
-        let mut handles = Vec::new();
         for idx in range.clone() {
             let job = &jobs[idx];
             for clone in 0..job.numjobs {
@@ -350,18 +367,21 @@ fn run_group(
                     opts,
                     faults,
                 };
-                let h = std::thread::Builder::new()
+                let (tx, n) = (tx.clone(), count);
+                count += 1;
+                std::thread::Builder::new()
                     .name(format!("{}.{}", job.name, clone))
-                    .spawn_scoped(scope, move || run_clone(ctx))
+                    .spawn_scoped(scope, move || {
+                        let _ = tx.send((n, run_clone(ctx)));
+                    })
                     .expect("spawning a job thread");
-                handles.push(h);
             }
         }
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("job thread panicked"))
-            .collect()
-    })
+    });
+    drop(tx);
+    let mut reports: Vec<(usize, JobReport)> = rx.into_iter().collect();
+    reports.sort_by_key(|(n, _)| *n);
+    reports.into_iter().map(|(_, r)| r).collect()
 }
 
 /// SplitMix-style mixing so clones and jobs get independent streams from one seed.
@@ -474,6 +494,7 @@ fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
         error: None,
         started: SystemTime::now(),
         verify: None,
+        abandoned: Vec::new(),
     };
     let live = &ctx.opts.live;
     live.running.fetch_add(1, Ordering::Relaxed);
@@ -580,6 +601,18 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     // A write to a block that already has one in flight waits here (see `verify`).
     let mut deferred: Option<crate::workload::IoRequest> = None;
     let stuck_ns = job.stuck_timeout.as_nanos() as u64;
+    // After the job's end the loop waits for the IOs in flight, as long as they keep completing.
+    // A device that has stopped answering would hold the run (and a cluster's drill) forever:
+    // once nothing has completed for `stuck_timeout` (fio's 300 s when the list is off), the
+    // rest are given up on (see `give_up`).
+    let drain_limit = if stuck_ns > 0 {
+        job.stuck_timeout
+    } else {
+        FIO_REAP_TIMEOUT
+    };
+    // Since the job's end: the last instant an IO completed (or the end itself).
+    let mut last_progress: Option<Instant> = None;
+    let mut abandoned = 0usize;
 
     let stats = &mut report.stats;
     let mut iv = [DirStats::new(rate.is_some()), DirStats::new(rate.is_some())];
@@ -924,6 +957,32 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             continue;
         }
 
+        if stopping && completions.is_empty() && seen.is_empty() {
+            let since = *last_progress.get_or_insert(now);
+            // A last look first: after a pause of this process (SIGSTOP, a VM freeze) the
+            // completions may be there, only not yet seen.
+            if now.saturating_duration_since(since) >= drain_limit
+                && engine
+                    .reap(0, Some(Duration::ZERO), &mut completions)
+                    .is_ok_and(|()| completions.is_empty())
+            {
+                abandoned = inflight;
+                let msg = give_up(
+                    stats,
+                    ctx.files,
+                    &mut slots,
+                    t0,
+                    now,
+                    deadline.map(|d| now.saturating_duration_since(d)),
+                    drain_limit,
+                );
+                failure = Some(match failure.take() {
+                    Some(f) => format!("{f}; then {msg}"),
+                    None => msg,
+                });
+                break;
+            }
+        }
         if (more_to_issue && completions.is_empty()) || !seen.is_empty() {
             // Slots are free or completions are waiting to be handled: take what is visible
             // (no system call, no wait) and go on.
@@ -943,6 +1002,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     (!sync_pending && !exhausted).then_some([next_intended, not_before]),
                     gated.front().map(|g| g.0),
                     held.iter().map(|h| h.0).min(),
+                    last_progress.map(|t| t + drain_limit),
                 ),
             );
         }
@@ -1001,6 +1061,9 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             }
             slots[c.tag as usize] = None;
             free.push(c.tag);
+            if last_progress.is_some() {
+                last_progress = Some(t_done);
+            }
             // The depth integral: the depth drops at `t_done`. When the integral has already
             // been carried past it (the completion waited for its turn), the IO is taken out of
             // that stretch, within the current interval.
@@ -1087,6 +1150,28 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     stats.majf = (ru.ru_majflt - ru_start.ru_majflt) as u64;
     report.started = SystemTime::now() - (end - timed_start);
 
+    if abandoned > 0 {
+        // The kernel still owns the IOs given up on: it may yet write into their buffers, and
+        // closing, syncing, verifying or removing the files would wait on the same device (a
+        // FUSE close sends a flush). So the engine, the buffers and the open files are left to
+        // the process, a bounded leak per clone, and the files stay where they are.
+        std::mem::forget(engine);
+        std::mem::forget(buffers);
+        std::mem::forget(files);
+        if let Some(h) = checkpointing.take() {
+            drop(h); // detached: it may be writing to the same device
+        }
+        report.abandoned = ctx.files.iter().map(|f| f.path.clone()).collect();
+        if verifying && !vstate.blocks.is_empty() {
+            report.verify = Some(VerifyReport {
+                errors: vec![format!(
+                    "not verified: {abandoned} IO(s) never completed (the device stopped answering)"
+                )],
+                ..Default::default()
+            });
+        }
+        return Err(failure.unwrap_or_default());
+    }
     // The final state must not be overwritten by a checkpoint still being written.
     if let Some(h) = checkpointing.take() {
         let _ = h.join();
@@ -1144,6 +1229,8 @@ fn absolute(p: &std::path::Path) -> String {
 /// Once stopping, the loop only waits for the IOs in flight, so the deadline (by then past) no
 /// longer bounds the wait: it turned every wait of the drain into a poll, which spun for the
 /// longest IO's latency (120 ms and ~1,200 system calls after a run of 16 MiB reads).
+///
+/// `give_up`: while draining, when the IOs still in flight will be given up on.
 fn due_wake(
     stopping: bool,
     next_tick: Instant,
@@ -1151,6 +1238,7 @@ fn due_wake(
     issue: Option<[Option<Instant>; 2]>,
     gated: Option<Instant>,
     held: Option<Instant>,
+    give_up: Option<Instant>,
 ) -> Instant {
     let deadline = deadline.filter(|_| !stopping);
     let mut wake = deadline.map_or(next_tick, |d| d.min(next_tick));
@@ -1160,6 +1248,7 @@ fn due_wake(
         .flatten()
         .chain(gated)
         .chain(held)
+        .chain(give_up)
     {
         wake = wake.min(t);
     }
@@ -1189,6 +1278,39 @@ fn reap_until_due(
     if let Err(e) = res {
         *failure = Some(e.to_string());
     }
+}
+
+/// How long fio waits for a job that does not exit after its end before it gives up on it
+/// (`FIO_REAP_TIMEOUT`, 300 s): the drain's limit when `stuck_timeout=0` turns the list off.
+const FIO_REAP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Gives up on the IOs still in flight after the job's end: each is listed as stuck, not
+/// completed, and the returned message says how many, for how long and what it means.
+fn give_up(
+    stats: &mut JobStats,
+    files: &[PlannedFile],
+    slots: &mut [Option<Slot>],
+    t0: Instant,
+    now: Instant,
+    past_end: Option<Duration>,
+    quiet_for: Duration,
+) -> String {
+    let mut n = 0;
+    for s in slots.iter_mut().flatten() {
+        let age = now.saturating_duration_since(s.ready).as_nanos() as u64;
+        s.stuck = Some(note_stuck(stats, files, s, t0, age, false));
+        n += 1;
+    }
+    let mut names: Vec<String> = files.iter().map(|f| f.path.display().to_string()).collect();
+    names.dedup();
+    format!(
+        "the device stopped answering: {n} IO(s) still in flight {:.1} s after the job's end, none \
+         completed for {:.1} s (stuck_timeout); gave up waiting for them (listed as stuck IOs). \
+         Files left in place: {}",
+        past_end.unwrap_or_default().as_secs_f64(),
+        quiet_for.as_secs_f64(),
+        names.join(", ")
+    )
 }
 
 /// Lists (or updates) a stuck IO; returns its index in the list (`u32::MAX`: counted, not
@@ -1457,7 +1579,7 @@ mod tests {
         let ms = |n: u64| now + Duration::from_millis(n);
         // Running: the earliest of tick, deadline, issue time, gated IO and held completion.
         assert_eq!(
-            due_wake(false, ms(1000), Some(ms(500)), None, None, None),
+            due_wake(false, ms(1000), Some(ms(500)), None, None, None, None),
             ms(500)
         );
         assert_eq!(
@@ -1467,24 +1589,38 @@ mod tests {
                 Some(ms(500)),
                 Some([Some(ms(7)), None]),
                 Some(ms(9)),
+                None,
                 None
             ),
             ms(7)
         );
         assert_eq!(
-            due_wake(false, ms(1000), None, None, Some(ms(30)), Some(ms(20))),
+            due_wake(
+                false,
+                ms(1000),
+                None,
+                None,
+                Some(ms(30)),
+                Some(ms(20)),
+                None
+            ),
             ms(20)
         );
         // Past the deadline and stopping: the past deadline would make the wait a poll (a spin
         // for as long as the last IOs take); the drain waits until the next tick instead.
         let past = now - Duration::from_millis(5);
         assert_eq!(
-            due_wake(false, ms(1000), Some(past), None, None, None),
+            due_wake(false, ms(1000), Some(past), None, None, None, None),
             past
         );
         assert_eq!(
-            due_wake(true, ms(1000), Some(past), None, None, None),
+            due_wake(true, ms(1000), Some(past), None, None, None, None),
             ms(1000)
+        );
+        // A drain also wakes when the IOs still in flight are to be given up on.
+        assert_eq!(
+            due_wake(true, ms(1000), Some(past), None, None, None, Some(ms(300))),
+            ms(300)
         );
     }
 }

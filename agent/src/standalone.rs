@@ -91,6 +91,15 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
             j.0.spec.name, j.0.clone, j.1
         );
     }
+    if report.jobs.iter().any(|j| !j.abandoned.is_empty()) {
+        // The kernel keeps a thread that has IOs in flight until they end, and a process until
+        // its threads end: on a device that never answers (a hard NFS mount, a stopped FUSE
+        // server, a frozen volume) not even SIGKILL finishes the exit.
+        eprintln!(
+            "lockstep-agent: the results are complete; the IOs given up on are still held by the \
+             kernel, so this process may not exit until the device answers. It does no more work."
+        );
+    }
     Ok(Outcome {
         failed,
         interrupted: stop.load(Ordering::Relaxed),

@@ -1,0 +1,232 @@
+//! A device that stops answering mid-run: the run still ends, soon after its end, with the IOs
+//! that never came back named, a non-zero exit and the results written.
+//!
+//! The device is real: a FUSE filesystem (bindfs over a scratch directory) whose server is
+//! stopped with SIGSTOP, so reads and writes through it wait in the kernel for an answer that
+//! does not come until SIGCONT, as on a hung NFS server or a volume that froze. Skipped, saying
+//! why, where the machine has no /dev/fuse or bindfs (`scripts/setup.sh` installs bindfs).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_tests::{bin, scratch};
+
+/// bindfs in the foreground, unmounted (and let go on) however the test ends.
+struct Fuse {
+    server: Child,
+    mnt: PathBuf,
+}
+
+impl Fuse {
+    fn mount(src: &Path, mnt: &Path) -> Result<Fuse, String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err("no /dev/fuse on this machine".into());
+        }
+        let server = Command::new("bindfs")
+            .arg("-f")
+            .arg(src)
+            .arg(mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("bindfs not runnable ({e}); scripts/setup.sh installs it"))?;
+        let fuse = Fuse {
+            server,
+            mnt: mnt.to_path_buf(),
+        };
+        let want = mnt.canonicalize().map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            if mounts
+                .lines()
+                .any(|l| l.split(' ').nth(1) == Some(want.to_str().unwrap_or("")))
+            {
+                return Ok(fuse);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err("bindfs did not mount within 10 s".into())
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.server.id() as i32, sig) };
+    }
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// What a run against a hung device left: exit code (None: the process is still held by the
+/// kernel, which keeps it until its IOs end), JSON results, stderr, and when they were complete.
+struct Ended {
+    code: Option<i32>,
+    doc: serde_json::Value,
+    stderr: String,
+    took: Duration,
+}
+
+/// Runs `job` with the filesystem's server stopped `stop_after` into the run. The run has ended
+/// when the agent exits or when its results and final words are written: the process itself
+/// may stay in the kernel until the stopped server answers (any process with IO in flight
+/// does, fio's too), which the test lets happen by resuming the server afterwards.
+fn run_with_hang(fuse: &Fuse, dir: &Path, jobfile: &Path, stop_after: Duration) -> Ended {
+    let (out, err) = (dir.join("out.json"), dir.join("stderr.txt"));
+    let t = Instant::now();
+    let mut agent = Command::new(bin("lockstep-agent"))
+        .arg("run")
+        .arg(jobfile)
+        .args(["--output-format", "json", "--output"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("running lockstep-agent");
+    std::thread::sleep(stop_after);
+    fuse.signal(libc::SIGSTOP);
+    let mut code = None;
+    loop {
+        if let Some(status) = agent.try_wait().expect("waiting for the agent") {
+            code = status.code();
+            break;
+        }
+        let said = std::fs::read_to_string(&err).unwrap_or_default();
+        if out.exists() && said.contains("this process may not exit") {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            // Let the device answer so the agent can be killed, then fail.
+            fuse.signal(libc::SIGCONT);
+            let _ = agent.kill();
+            panic!("the run did not end within 60 s of a device that stopped answering: {said}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = t.elapsed();
+    fuse.signal(libc::SIGCONT);
+    let status = agent
+        .wait()
+        .expect("the agent exits once the device answers");
+    let code = code.or(status.code());
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    let doc = serde_json::from_slice(&std::fs::read(&out).expect("results written"))
+        .expect("JSON results");
+    Ended {
+        code,
+        doc,
+        stderr,
+        took,
+    }
+}
+
+fn setup(tag: &str) -> Option<(tempfile::TempDir, Fuse)> {
+    let dir = scratch();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    match Fuse::mount(&src, &mnt) {
+        Ok(f) => Some((dir, f)),
+        Err(why) => {
+            eprintln!("SKIPPED {tag}: {why}");
+            None
+        }
+    }
+}
+
+fn stuck_ios(job: &serde_json::Value) -> Vec<serde_json::Value> {
+    job["stuck_ios"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn reads_from_a_device_that_stops_answering_are_given_up_after_stuck_timeout() {
+    let Some((dir, fuse)) = setup("hung-device reads") else {
+        return;
+    };
+    // A sparse 1 GiB file: every 4k random read goes to the (soon stopped) server, as the page
+    // cache holds little of it.
+    let data = dir.path().join("src/data");
+    std::fs::File::create(&data)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let job = dir.path().join("hang.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[hang]\nfilename={}\nsize=1g\nrw=randread\nbs=4k\niodepth=8\nioengine=io_uring\n\
+             runtime=3\ntime_based=1\nstuck_timeout=1s\n",
+            fuse.mnt.join("data").display()
+        ),
+    )
+    .unwrap();
+    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(1500));
+    let (took, stderr) = (e.took, &e.stderr);
+    eprintln!("run ended after {took:?} (runtime 3 s, stuck_timeout 1 s); stderr: {stderr}");
+    assert_eq!(e.code, Some(1), "stderr: {stderr}");
+    let j = &e.doc["jobs"][0];
+    let msg = j["error_message"].as_str().unwrap_or_default();
+    assert!(msg.contains("the device stopped answering"), "{msg}");
+    assert!(msg.contains("IO(s) still in flight"), "{msg}");
+    assert_eq!(j["error"], 110, "ETIMEDOUT");
+    assert!(
+        j["read"]["total_ios"].as_u64().unwrap() > 0,
+        "IOs before the hang are counted"
+    );
+    let stuck = stuck_ios(j);
+    let never: Vec<_> = stuck.iter().filter(|s| s["completed"] == false).collect();
+    assert!(
+        !never.is_empty(),
+        "the IOs given up on are listed: {stuck:?}"
+    );
+    assert!(never.len() <= 8, "no more than the queue depth: {stuck:?}");
+    for s in &never {
+        assert!(s["file"].as_str().unwrap().ends_with("mnt/data"), "{s}");
+        assert!(s["latency_ms"].as_u64().unwrap() >= 1000, "{s}");
+    }
+    // Without the limit the run waits for SIGCONT, which comes only after it ends.
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn a_file_lockstep_created_on_a_device_that_stopped_answering_is_left_in_place() {
+    let Some((dir, fuse)) = setup("hung-device writes") else {
+        return;
+    };
+    let job = dir.path().join("hangw.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[hangw]\ndirectory={}\nsize=64m\nrw=randwrite\nbs=4k\niodepth=4\nioengine=io_uring\n\
+             runtime=3\ntime_based=1\nstuck_timeout=1s\n",
+            fuse.mnt.display()
+        ),
+    )
+    .unwrap();
+    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(1500));
+    let stderr = &e.stderr;
+    eprintln!("run ended after {:?}; stderr: {stderr}", e.took);
+    assert_eq!(e.code, Some(1), "stderr: {stderr}");
+    let j = &e.doc["jobs"][0];
+    assert!(
+        j["error_message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Files left in place"),
+        "{j}"
+    );
+    assert!(stuck_ios(j).iter().any(|s| s["completed"] == false), "{j}");
+    // Removing it would have waited on the stopped server; it is there, and said so.
+    assert!(
+        dir.path().join("src/hangw.0.0").exists(),
+        "the file lockstep created was left in place"
+    );
+    assert!(stderr.contains("left in place"), "{stderr}");
+}
