@@ -230,3 +230,77 @@ fn a_file_lockstep_created_on_a_device_that_stopped_answering_is_left_in_place()
     );
     assert!(stderr.contains("left in place"), "{stderr}");
 }
+
+#[test]
+fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
+    use lockstep_tests::{Proc, read_json, start_agent};
+    let dir = scratch();
+    let ok = dir.path().join("ok");
+    std::fs::create_dir_all(&ok).unwrap();
+    let (a1, addr1) = start_agent("a1", &ok, &[]);
+    let Some((_fdir, fuse)) = setup("hung-device cluster run") else {
+        return;
+    };
+    let (a2, addr2) = start_agent("a2", &fuse.mnt, &[]);
+    let _agents = (a1, a2);
+    // Buffered writes through FUSE go to its server one by one (no writeback cache), so once
+    // it is stopped every write in flight waits for it.
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(
+        &plan,
+        format!(
+            "name = \"hung\"\nduration = \"4s\"\ninterval = \"1s\"\n\
+             [[agent]]\nname = \"a1\"\naddress = \"{addr1}\"\n\
+             [[agent]]\nname = \"a2\"\naddress = \"{addr2}\"\n\
+             [[role]]\nname = \"w\"\n[role.workload.fio]\nrw = \"randwrite\"\nbs = \"4k\"\n\
+             iodepth = 4\nsize = \"16m\"\nstuck_timeout = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let t = Instant::now();
+    let mut run = Proc(
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(&plan)
+            .arg("--output")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    fuse.signal(libc::SIGSTOP);
+    let ended = lockstep_tests::wait_for(Duration::from_secs(60), || {
+        run.0.try_wait().ok().flatten().is_some()
+    });
+    let took = t.elapsed();
+    fuse.signal(libc::SIGCONT);
+    assert!(
+        ended,
+        "the cluster run did not end within 60 s of a volume that stopped answering"
+    );
+    eprintln!("cluster run ended after {took:?} (duration 4 s, stuck_timeout 1 s)");
+    let r = read_json(&out.join("results.json"));
+    let agents = r["agents"].as_array().unwrap();
+    let agent = |n: &str| agents.iter().find(|a| a["name"] == n).unwrap().clone();
+    let (a1, a2) = (agent("a1"), agent("a2"));
+    assert_eq!(a2["state"]["state"], "finished", "{a2}");
+    assert!(
+        a2["errors"].as_array().unwrap().iter().any(|e| e
+            .as_str()
+            .unwrap_or_default()
+            .contains("the device stopped answering")),
+        "{a2}"
+    );
+    assert!(a1["errors"].as_array().unwrap().is_empty(), "{a1}");
+    let stuck = r["stuck_ios"].as_array().cloned().unwrap_or_default();
+    assert!(
+        stuck
+            .iter()
+            .any(|s| s["node"] == "a2" && s["completed"] == false),
+        "{stuck:?}"
+    );
+    assert!(stuck.iter().all(|s| s["node"] == "a2"), "{stuck:?}");
+}
