@@ -76,6 +76,21 @@ pub fn run_plan(
     (o, out)
 }
 
+/// Starts `lockstep run PLAN --output OUT` against the agents the plan names, without waiting
+/// for it (for tests that act on agents mid-run); killed if dropped before it ends.
+pub fn spawn_run(plan: &Path, out: &Path) -> Proc {
+    Proc(
+        Command::new(bin("lockstep"))
+            .arg("run")
+            .arg(plan)
+            .arg("--output")
+            .arg(out)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("running lockstep"),
+    )
+}
+
 /// A process's stdout then stderr, for assertion messages.
 pub fn output_text(o: &std::process::Output) -> String {
     format!(

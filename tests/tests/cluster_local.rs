@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockstep::hlog;
 use lockstep_proto::histogram::SparseHistogram;
-use lockstep_tests::{Proc, bin, read_json, scratch, start_agent, wait_for};
+use lockstep_tests::{Proc, bin, read_json, scratch, spawn_run, start_agent, wait_for};
 
 fn write_plan(dir: &Path, body: &str) -> std::path::PathBuf {
     let p = dir.join("plan.toml");
@@ -188,16 +188,7 @@ fn an_agent_killed_mid_run_is_reported_lost_and_the_others_finish() {
         .collect();
     let plan = write_plan(dir.path(), &agents_plan(&list, "8s"));
     let out = dir.path().join("run");
-    let run = Proc(
-        Command::new(bin("lockstep"))
-            .arg("run")
-            .arg(&plan)
-            .arg("--output")
-            .arg(&out)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let run = spawn_run(&plan, &out);
     std::thread::sleep(Duration::from_secs(4));
     procs[1].signal(libc::SIGKILL);
     let mut run = run;
@@ -234,16 +225,7 @@ fn ctrl_c_aborts_every_agent_and_keeps_partial_results() {
     let (_agent, addr) = start_agent("a1", &d, &[]);
     let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "60s"));
     let out = dir.path().join("run");
-    let mut run = Proc(
-        Command::new(bin("lockstep"))
-            .arg("run")
-            .arg(&plan)
-            .arg("--output")
-            .arg(&out)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut run = spawn_run(&plan, &out);
     std::thread::sleep(Duration::from_secs(4));
     run.signal(libc::SIGINT);
     let status = run.0.wait().unwrap();
@@ -267,16 +249,7 @@ fn an_agent_that_loses_its_coordinator_stops_its_io_after_the_grace_period() {
     let (_agent, addr) = start_agent("a1", &d, &["--grace", "1s"]);
     let plan = write_plan(dir.path(), &agents_plan(&[("a1", &addr)], "120s"));
     let out = dir.path().join("run");
-    let mut run = Proc(
-        Command::new(bin("lockstep"))
-            .arg("run")
-            .arg(&plan)
-            .arg("--output")
-            .arg(&out)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut run = spawn_run(&plan, &out);
     // Running: the agent's work file exists.
     assert!(wait_for(Duration::from_secs(10), || std::fs::read_dir(&d)
         .unwrap()

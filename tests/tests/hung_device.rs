@@ -90,6 +90,13 @@ fn run_with_hang(fuse: &Fuse, dir: &Path, jobfile: &Path, stop_after: Duration) 
         .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .expect("running lockstep-agent");
+    // Stop the server only once the job's IO has begun: a stop during the layout or the
+    // opening of files would hang those (which lockstep does not bound) instead of IOs.
+    let pid = agent.id();
+    let started = lockstep_tests::wait_for(Duration::from_secs(30), || {
+        job_thread_running(pid, &job_name(jobfile))
+    });
+    assert!(started, "the job thread never started");
     std::thread::sleep(stop_after);
     fuse.signal(libc::SIGSTOP);
     let mut code = None;
@@ -125,6 +132,33 @@ fn run_with_hang(fuse: &Fuse, dir: &Path, jobfile: &Path, stop_after: Duration) 
         stderr,
         took,
     }
+}
+
+/// The job's name: the first section of a one-job file.
+fn job_name(jobfile: &Path) -> String {
+    let text = std::fs::read_to_string(jobfile).unwrap();
+    let line = text.lines().find(|l| l.starts_with('[')).unwrap();
+    line.trim_matches(|c| c == '[' || c == ']').to_string()
+}
+
+/// Whether the agent has the job's first clone thread (named `JOB.0`) and its files are open:
+/// the thread exists from before its files are opened, so also wait until the process holds an
+/// fd on the mount.
+fn job_thread_running(pid: u32, job: &str) -> bool {
+    let want = format!("{job}.0");
+    let thread = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == want));
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().contains("/mnt/"))
+        });
+    thread && open
 }
 
 fn setup(tag: &str) -> Option<(tempfile::TempDir, Fuse)> {
@@ -167,7 +201,7 @@ fn reads_from_a_device_that_stops_answering_are_given_up_after_stuck_timeout() {
         ),
     )
     .unwrap();
-    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(1500));
+    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(700));
     let (took, stderr) = (e.took, &e.stderr);
     eprintln!("run ended after {took:?} (runtime 3 s, stuck_timeout 1 s); stderr: {stderr}");
     assert_eq!(e.code, Some(1), "stderr: {stderr}");
@@ -210,7 +244,7 @@ fn a_file_lockstep_created_on_a_device_that_stopped_answering_is_left_in_place()
         ),
     )
     .unwrap();
-    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(1500));
+    let e = run_with_hang(&fuse, dir.path(), &job, Duration::from_millis(700));
     let stderr = &e.stderr;
     eprintln!("run ended after {:?}; stderr: {stderr}", e.took);
     assert_eq!(e.code, Some(1), "stderr: {stderr}");
@@ -233,7 +267,7 @@ fn a_file_lockstep_created_on_a_device_that_stopped_answering_is_left_in_place()
 
 #[test]
 fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
-    use lockstep_tests::{Proc, read_json, start_agent};
+    use lockstep_tests::{read_json, spawn_run, start_agent};
     let dir = scratch();
     let ok = dir.path().join("ok");
     std::fs::create_dir_all(&ok).unwrap();
@@ -259,18 +293,19 @@ fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
     .unwrap();
     let out = dir.path().join("run");
     let t = Instant::now();
-    let mut run = Proc(
-        Command::new(bin("lockstep"))
-            .arg("run")
-            .arg(&plan)
-            .arg("--output")
-            .arg(&out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(Duration::from_secs(2));
+    let mut run = spawn_run(&plan, &out);
+    // As above: stop the server once the hung agent's files are open and IO has begun.
+    let a2_pid = _agents.1.pid() as u32;
+    let mnt = fuse.mnt.canonicalize().unwrap();
+    let started = lockstep_tests::wait_for(Duration::from_secs(30), || {
+        std::fs::read_dir(format!("/proc/{a2_pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(&mnt)))
+    });
+    assert!(started, "agent a2 never opened its files");
+    std::thread::sleep(Duration::from_millis(700));
     fuse.signal(libc::SIGSTOP);
     let ended = lockstep_tests::wait_for(Duration::from_secs(60), || {
         run.0.try_wait().ok().flatten().is_some()

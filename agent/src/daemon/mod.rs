@@ -397,35 +397,16 @@ impl Agent for AgentService {
     async fn hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
         check_version(req.get_ref().protocol_version)?;
         let cfg = &self.shared.cfg;
+        // What the agent says of itself is what it registers in etcd, from one place.
+        let me = registration(cfg, String::new(), false);
         Ok(Response::new(HelloReply {
             protocol_version: PROTOCOL_VERSION,
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
-            name: cfg.name.clone(),
-            hostname: hostname(),
-            labels: cfg.labels.clone().into_iter().collect(),
-            volumes: cfg
-                .volumes
-                .iter()
-                .map(|v| Volume {
-                    name: v.name.clone(),
-                    path: v.path.display().to_string(),
-                    size_bytes: v.size_bytes,
-                    kind: v.kind.clone(),
-                    provisioned_iops: v.provisioned_iops,
-                    provisioned_mib_s: v.provisioned_mib_s,
-                })
-                .collect(),
-            capabilities: Some(Capabilities {
-                io_uring: crate::engine::uring_available(),
-                engines: vec![
-                    "io_uring".into(),
-                    "libaio".into(),
-                    "psync".into(),
-                    "null".into(),
-                ],
-                exec_allowed: cfg.allow_exec,
-                block_devices_allowed: cfg.allow_block_devices,
-            }),
+            agent_version: me.version,
+            name: me.name,
+            hostname: me.hostname,
+            labels: me.labels.into_iter().collect(),
+            volumes: me.volumes.into_iter().map(Volume::from).collect(),
+            capabilities: Some(me.capabilities.into()),
             busy_with_run: self.busy_with(),
             grace_ms: cfg.grace.as_millis() as u64,
         }))
@@ -1021,6 +1002,31 @@ fn advertised(opts: &ServeOptions, bound: std::net::SocketAddr) -> String {
     }
 }
 
+impl From<crate::registry::RegisteredVolume> for Volume {
+    fn from(v: crate::registry::RegisteredVolume) -> Self {
+        Volume {
+            name: v.name,
+            path: v.path,
+            size_bytes: v.size_bytes,
+            kind: v.kind,
+            provisioned_iops: v.provisioned_iops,
+            provisioned_mib_s: v.provisioned_mib_s,
+        }
+    }
+}
+
+impl From<crate::registry::RegisteredCapabilities> for Capabilities {
+    fn from(c: crate::registry::RegisteredCapabilities) -> Self {
+        Capabilities {
+            io_uring: c.io_uring,
+            engines: c.engines,
+            exec_allowed: c.exec_allowed,
+            block_devices_allowed: c.block_devices_allowed,
+        }
+    }
+}
+
+/// The agent as it describes itself: in etcd's registry and, the same, in its Hello reply.
 fn registration(cfg: &DaemonConfig, address: String, tls: bool) -> crate::registry::Registration {
     use crate::registry::{RegisteredCapabilities, RegisteredVolume, Registration};
     Registration {
