@@ -204,17 +204,16 @@ impl PreparedRun {
             i = end;
         }
         // Files whose device stopped answering stay: removing them would wait on it too.
-        for r in &reports {
-            for p in &r.abandoned {
-                if self.created.paths.contains(p) {
-                    tracing::warn!(
-                        "{}: left in place, its device stopped answering; remove it once the device is back",
-                        p.display()
-                    );
-                }
+        self.created.paths.retain(|p| {
+            let abandoned = reports.iter().any(|r| r.abandoned.contains(p));
+            if abandoned {
+                tracing::warn!(
+                    "{}: left in place, its device stopped answering; remove it once the device is back",
+                    p.display()
+                );
             }
-            self.created.paths.retain(|p| !r.abandoned.contains(p));
-        }
+            !abandoned
+        });
         self.discard(opts.keep_files);
         // A verify state is only worth keeping beside the data it describes.
         for r in &mut reports {

@@ -94,7 +94,7 @@ fn run_with_hang(fuse: &Fuse, dir: &Path, jobfile: &Path, stop_after: Duration) 
     // opening of files would hang those (which lockstep does not bound) instead of IOs.
     let pid = agent.id();
     let started = lockstep_tests::wait_for(Duration::from_secs(30), || {
-        job_thread_running(pid, &job_name(jobfile))
+        job_thread_running(pid, &job_name(jobfile), &fuse.mnt)
     });
     assert!(started, "the job thread never started");
     std::thread::sleep(stop_after);
@@ -141,24 +141,26 @@ fn job_name(jobfile: &Path) -> String {
     line.trim_matches(|c| c == '[' || c == ']').to_string()
 }
 
-/// Whether the agent has the job's first clone thread (named `JOB.0`) and its files are open:
-/// the thread exists from before its files are opened, so also wait until the process holds an
-/// fd on the mount.
-fn job_thread_running(pid: u32, job: &str) -> bool {
+/// Whether process `pid` holds a file open under `dir` (as the kernel names it: canonical).
+fn has_open_under(pid: u32, dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(&dir)))
+}
+
+/// Whether the agent has the job's first clone thread (named `JOB.0`) and its files on the
+/// mount are open: the thread exists from before it opens them.
+fn job_thread_running(pid: u32, job: &str, mnt: &Path) -> bool {
     let want = format!("{job}.0");
     let thread = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
         .flatten()
         .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == want));
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().contains("/mnt/"))
-        });
-    thread && open
+    thread && has_open_under(pid, mnt)
 }
 
 fn setup(tag: &str) -> Option<(tempfile::TempDir, Fuse)> {
@@ -276,7 +278,7 @@ fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
         return;
     };
     let (a2, addr2) = start_agent("a2", &fuse.mnt, &[]);
-    let _agents = (a1, a2);
+    let procs = (a1, a2);
     // Buffered writes through FUSE go to its server one by one (no writeback cache), so once
     // it is stopped every write in flight waits for it.
     let plan = dir.path().join("plan.toml");
@@ -295,14 +297,9 @@ fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
     let t = Instant::now();
     let mut run = spawn_run(&plan, &out);
     // As above: stop the server once the hung agent's files are open and IO has begun.
-    let a2_pid = _agents.1.pid() as u32;
-    let mnt = fuse.mnt.canonicalize().unwrap();
+    let a2_pid = procs.1.pid() as u32;
     let started = lockstep_tests::wait_for(Duration::from_secs(30), || {
-        std::fs::read_dir(format!("/proc/{a2_pid}/fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(&mnt)))
+        has_open_under(a2_pid, &fuse.mnt)
     });
     assert!(started, "agent a2 never opened its files");
     std::thread::sleep(Duration::from_millis(700));

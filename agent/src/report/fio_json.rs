@@ -204,7 +204,7 @@ fn stuck_obj(s: &crate::stats::StuckIo) -> Obj {
     o.str("direction", s.direction.name());
     o.int("start_ms", s.start_ms);
     o.int("latency_ms", s.latency_ms);
-    o.0.push(("completed".into(), Node::Bool(s.completed)));
+    o.bool("completed", s.completed);
     o
 }
 
@@ -489,6 +489,9 @@ impl Obj {
     }
     fn float(&mut self, k: &str, v: f64) {
         self.0.push((k.to_string(), Node::Float(v)));
+    }
+    fn bool(&mut self, k: &str, v: bool) {
+        self.0.push((k.to_string(), Node::Bool(v)));
     }
     fn str(&mut self, k: &str, v: &str) {
         self.0.push((k.to_string(), Node::Str(v.to_string())));
