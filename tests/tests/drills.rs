@@ -58,7 +58,9 @@ fn drill<'a>(r: &'a Value, node: &str) -> &'a Value {
 }
 
 /// Per-interval IOPS of a volume from timeline.json: (interval start s, IOPS).
-fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
+/// A node's measured points from timeline.json. The last interval may be a few ms long (IOs
+/// finishing after the runtime) and is left out.
+fn timeline_points(out: &Path, node: &str) -> Vec<serde_json::Value> {
     let t = read_json(&out.join("timeline.json"));
     let v = t["volumes"]
         .as_array()
@@ -70,16 +72,25 @@ fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
         .as_array()
         .unwrap()
         .iter()
-        // The last interval may be a few ms long (IOs finishing after the runtime).
         .filter(|p| p["len_ms"].as_f64().unwrap() >= 500.0)
-        .map(|p| {
-            let len = p["len_ms"].as_f64().unwrap();
-            let ios = p["ios"][0].as_f64().unwrap() + p["ios"][1].as_f64().unwrap();
-            (
-                (p["t_ms"].as_f64().unwrap() - len) / 1000.0,
-                ios * 1000.0 / len,
-            )
-        })
+        .cloned()
+        .collect()
+}
+
+/// A point's start (s) and IOPS.
+fn point_start_and_iops(p: &serde_json::Value) -> (f64, f64) {
+    let len = p["len_ms"].as_f64().unwrap();
+    let ios = p["ios"][0].as_f64().unwrap() + p["ios"][1].as_f64().unwrap();
+    (
+        (p["t_ms"].as_f64().unwrap() - len) / 1000.0,
+        ios * 1000.0 / len,
+    )
+}
+
+fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
+    timeline_points(out, node)
+        .iter()
+        .map(point_start_and_iops)
         .collect()
 }
 
@@ -643,8 +654,22 @@ riops = 200
         "no interval at the limit: {series:?}"
     );
     assert!(k["during"]["iops"].as_f64().unwrap() < 500.0, "{k}");
-    // The queue built in the kernel shows in the uncorrected latency too (32 / 200 IOPS).
-    assert!(ms(&k["during"]["lat"]["p50_ns"]) > 50.0, "{k}");
+    // The queue built in the kernel shows in the uncorrected latency too (32 / 200 IOPS), in
+    // the intervals held at the limit. (Not in the window's p50: when the limit lifts a few ms
+    // before the window's last boundary, the open-loop backlog floods through in those ms, and
+    // on a fast host its hundreds of quick IOs outnumber the slow ones.)
+    let held: Vec<f64> = timeline_points(&out, "k1")
+        .iter()
+        .filter(|p| {
+            let (start, iops) = point_start_and_iops(p);
+            start >= 2.0 && start + 1.0 <= 5.0 && (150.0..=250.0).contains(&iops)
+        })
+        .map(|p| p["lat_p50_us"].as_f64().unwrap() / 1000.0)
+        .collect();
+    assert!(
+        !held.is_empty() && held.iter().all(|&p50| p50 > 50.0),
+        "p50 ms of the intervals at the limit: {held:?}; {k}"
+    );
     drop(_agent);
 }
 
