@@ -249,9 +249,16 @@ kind = "kill"
         t0.elapsed().as_secs_f64()
     );
     assert_eq!(lost["state"], "lost", "{all}");
-    assert!(near(&lost["at_ms"], 2000, 700), "{lost}");
     let k = fault(&r, "agent-2", "kill");
     assert!(near(&k["start_ms"], 2000, 300), "{k}");
+    // Lost from the moment its stream broke, not from when re-attaching gave up (10 s later).
+    // The stream breaks when the kernel closes the socket, which a killed process does only
+    // after its in-flight IO is cancelled or completed: on a loaded host that took 0.8 s.
+    let (killed, lost_at) = (k["start_ms"].as_u64().unwrap(), lost["at_ms"].as_u64().unwrap());
+    assert!(
+        lost_at >= killed && lost_at < killed + 3000,
+        "lost at {lost_at} ms, killed at {killed} ms: {lost}"
+    );
     assert!(k["end_ms"].is_null(), "{k}");
     assert!(k["detail"].as_str().unwrap().contains("SIGKILL"), "{k}");
     // Nothing after the kill: no interval of agent-2 starts past it.

@@ -138,19 +138,30 @@ kind = "stall"
         "{}",
         stalled["iops"]
     );
-    // (b) the stall: corrected p99.9 shows it, uncorrected hides it.
-    let corrected = ms(&stalled["lat_intended"]["percentiles"]["99.900000"]);
-    let uncorrected = ms(&stalled["lat"]["percentiles"]["99.900000"]);
+    // (b) the stall: corrected latency shows it, uncorrected hides it. The stall delays the
+    // ~1,000 IOs scheduled in its 200 ms (1.7% of the run's 60,000) by 0-200 ms each, so the
+    // corrected p99 is near 80 ms and its p99.9 near 200 ms. Measured from actual issue, only
+    // the <= 32 IOs in flight when it began (0.05%) wait: p99 stays at the device's latency.
+    // (The uncorrected p99.9 is the 28th slowest IO outside the stall, i.e. the host's noise:
+    // 8-17 ms alone, 71 ms once on a busy CI host, so it is printed, not asserted.)
+    let pct = |lat: &str, p: &str| ms(&stalled[lat]["percentiles"][p]);
+    let (corrected, uncorrected) = (pct("lat_intended", "99.900000"), pct("lat", "99.900000"));
+    let (corrected99, uncorrected99) = (pct("lat_intended", "99.000000"), pct("lat", "99.000000"));
     println!(
-        "200 ms stall: p99.9 from intended issue {corrected:.1} ms, from actual issue {uncorrected:.1} ms"
+        "200 ms stall: p99.9 from intended issue {corrected:.1} ms, from actual issue {uncorrected:.1} ms; \
+         p99 {corrected99:.1} / {uncorrected99:.1} ms"
     );
     assert!(
         corrected >= 150.0,
         "corrected p99.9 {corrected} ms should show the 200 ms stall"
     );
     assert!(
-        uncorrected < corrected / 3.0,
-        "uncorrected p99.9 {uncorrected} ms should hide the stall ({corrected} ms)"
+        corrected99 >= 30.0,
+        "corrected p99 {corrected99} ms should show the 200 ms stall"
+    );
+    assert!(
+        uncorrected99 < corrected99 / 3.0,
+        "uncorrected p99 {uncorrected99} ms should hide the stall ({corrected99} ms)"
     );
     // The drill report: the interval of the stall, and its recovery.
     let d = drill(&r, "agent-2");
