@@ -145,12 +145,22 @@ end = "echo bye >&2; exit 4"
     println!("agent-1 IOs per interval: {cut_ios:?}");
     let full: Vec<_> = cut_ios.iter().filter(|(_, len, _)| *len >= 900).collect();
     assert!(full.len() >= 9, "{cut_ios:?}");
-    for (end, _, ios) in full {
+    // Both agents write to this machine's one disk: agent-2's catch-up after its pause (1,000
+    // IOs at once at t=5 s) has held agent-1's writes back for ~0.2 s on a loaded host (385
+    // IOs, then 617). Open loop, agent-1 catches up, so each second holds at least half the
+    // rate (an agent that stopped IO while cut off would have none) and the run holds it all.
+    for (end, _, ios) in &full {
         assert!(
-            *ios >= 400,
-            "agent-1 interval ending {end} ms: {ios} IOs (rate 500)"
+            *ios >= 250,
+            "agent-1 interval ending {end} ms: {ios} IOs (rate 500): {cut_ios:?}"
         );
     }
+    let done: u64 = full.iter().map(|(_, _, n)| n).sum();
+    assert!(
+        done as f64 >= 0.98 * 500.0 * full.len() as f64,
+        "agent-1 did {done} IOs in {} whole intervals at 500 IOPS: {cut_ios:?}",
+        full.len()
+    );
 
     // The pause: no IO completed while the agent was stopped.
     let pause = fault(&r, "agent-2", "pause");
