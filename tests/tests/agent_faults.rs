@@ -231,7 +231,9 @@ end = "echo bye >&2; exit 4"
 /// then reports it lost from the moment its stream broke, with the kill on the timeline; the
 /// other agent finishes. Its files stay (nothing cleans up after a SIGKILL) with the verify
 /// checkpoint it saved while writing, and `lockstep-agent verify` checks them after the fact:
-/// a killed process loses no acknowledged O_DIRECT write.
+/// a killed process loses no acknowledged O_DIRECT write. The kill comes at 3 s, half-way
+/// between the checkpoints at 2 s and 4 s: a kill at 2 s raced the first one (CI saw no state
+/// file at all).
 #[test]
 fn a_killed_agent_is_lost_from_the_kill_and_the_others_finish() {
     let _g = serial();
@@ -242,7 +244,7 @@ name = "kill"
 duration = "6s"
 {WORKLOAD}verify = "crc32c"
 [[fault]]
-at = "2s"
+at = "3s"
 target = {{ agents = ["agent-2"] }}
 kind = "kill"
 "#
@@ -260,7 +262,7 @@ kind = "kill"
     );
     assert_eq!(lost["state"], "lost", "{all}");
     let k = fault(&r, "agent-2", "kill");
-    assert!(near(&k["start_ms"], 2000, 300), "{k}");
+    assert!(near(&k["start_ms"], 3000, 300), "{k}");
     // Lost from the moment its stream broke, not from when re-attaching gave up (10 s later).
     // The stream breaks when the kernel closes the socket, which a killed process does only
     // after its in-flight IO is cancelled or completed: on a loaded host that took 0.8 s.
@@ -273,7 +275,7 @@ kind = "kill"
     assert!(k["detail"].as_str().unwrap().contains("SIGKILL"), "{k}");
     // Nothing after the kill: no interval of agent-2 starts past it.
     let ios = ios_per_interval(&out, "agent-2");
-    assert!(ios.iter().all(|(end, _, _)| *end <= 3000), "{ios:?}");
+    assert!(ios.iter().all(|(end, _, _)| *end <= 4000), "{ios:?}");
     // After the crash: verify from the checkpoint the killed agent left behind.
     let v = Command::new(bin("lockstep-agent"))
         .arg("verify")
