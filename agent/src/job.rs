@@ -207,6 +207,16 @@ pub struct JobSpec {
     pub percentile_list: Vec<f64>,
     /// Drop the page cache of the files before starting (`invalidate`, default 1).
     pub invalidate: bool,
+    /// io_uring: register the job's buffers / files with the ring (fio's `fixedbufs` and
+    /// `registerfiles`). On by default, unlike fio: they only take per-IO kernel work off the
+    /// job thread; `=0` gives fio's default path for like-for-like comparisons.
+    pub fixedbufs: bool,
+    pub registerfiles: bool,
+    /// At most this many completions are handled per pass of the IO loop
+    /// (`iodepth_batch_complete_max`; fio's default 1); the rest wait, finished, until a later
+    /// pass, and that wait is in their clat, as in fio. `>= iodepth` handles every completion
+    /// as soon as it is visible, so clat ends when the device's completion is seen.
+    pub complete_max: u32,
     /// `description=` as given.
     pub description: Option<String>,
 }
@@ -260,6 +270,9 @@ impl JobSpec {
             group_reporting: false,
             percentile_list: DEFAULT_PERCENTILES.to_vec(),
             invalidate: true,
+            fixedbufs: true,
+            registerfiles: true,
+            complete_max: 1,
             description: None,
         }
     }

@@ -654,6 +654,9 @@ const SUPPORTED: &[&str] = &[
     "percentile_list",
     "invalidate",
     "kb_base",
+    "fixedbufs",
+    "registerfiles",
+    "iodepth_batch_complete_max",
 ];
 
 /// lockstep's own options (not fio's): `stuck_timeout` lists IOs slower than it (fio issue
@@ -755,12 +758,13 @@ fn refusal_hint(key: &str) -> Option<&'static str> {
         | "disable_slat"
         | "disable_bw_measurement"
         | "disable_bw" => "it changes which latencies are measured; lockstep measures every IO",
-        "iodepth_batch"
-        | "iodepth_batch_submit"
-        | "iodepth_batch_complete"
-        | "iodepth_batch_complete_min"
-        | "iodepth_batch_complete_max"
-        | "iodepth_low" => "lockstep submits an IO as soon as a queue slot is free",
+        "iodepth_batch" | "iodepth_batch_submit" | "iodepth_low" => {
+            "lockstep submits an IO as soon as a queue slot is free"
+        }
+        "iodepth_batch_complete" | "iodepth_batch_complete_min" => {
+            "lockstep waits for one completion when the queue is full, fio's default; \
+             iodepth_batch_complete_max sets how many are taken at once"
+        }
         "bsrange" | "blocksize_range" => "use bssplit= to mix block sizes",
         "loops" => "use time_based with runtime=, or io_size=",
         "unlink" | "unlink_each_loop" => {
@@ -1287,6 +1291,12 @@ fn apply(
         "group_reporting" => spec.group_reporting = boolean(value)?,
         "percentile_list" => spec.percentile_list = parse_percentiles(need(value)?)?,
         "invalidate" => spec.invalidate = boolean(value)?,
+        "fixedbufs" => spec.fixedbufs = boolean(value)?,
+        // fio raises a maximum below the minimum (1) to it, so 0 means 1.
+        "iodepth_batch_complete_max" => {
+            spec.complete_max = count_u32(value, kb, 0)?.max(1);
+        }
+        "registerfiles" => spec.registerfiles = boolean(value)?,
         "kb_base" => {
             job.kb = one_of(
                 need(value)?,
@@ -1479,7 +1489,7 @@ mod tests {
         );
         let e = job_err("gtod_reduce=1");
         assert!(e.contains("option 'gtod_reduce': not supported"), "{e}");
-        assert!(job_err("fixedbufs").contains("option 'fixedbufs': not supported"));
+        assert!(job_err("hipri").contains("option 'hipri': not supported"));
         assert!(job_err("offset_increment=100g").contains("'offset_increment'"));
     }
 
@@ -1684,6 +1694,18 @@ mod tests {
         let j = job("direct\ntime_based\nnorandommap\ngroup_reporting\nstonewall\nend_fsync");
         assert!(j.direct && j.time_based && j.norandommap && j.group_reporting);
         assert!(j.stonewall && j.end_fsync);
+        // io_uring's registration and fio's reaping: defaults, off, and 0 meaning 1 as in fio.
+        let j = job("rw=read");
+        assert!(j.fixedbufs && j.registerfiles && j.complete_max == 1);
+        let j = job("fixedbufs=0\nregisterfiles=0\niodepth_batch_complete_max=32");
+        assert!(!j.fixedbufs && !j.registerfiles && j.complete_max == 32);
+        assert_eq!(job("iodepth_batch_complete_max=0").complete_max, 1);
+        assert!(
+            job_err("iodepth_batch_complete_min=4")
+                .contains("iodepth_batch_complete_max sets how many"),
+            "{}",
+            job_err("iodepth_batch_complete_min=4")
+        );
         let j = job("direct=1\nrandrepeat=0\ninvalidate=0\nwait_for_previous=1");
         assert!(j.direct && !j.randrepeat && !j.invalidate && j.stonewall);
         assert!(!job("direct=1\nbuffered=1").direct);

@@ -557,7 +557,6 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             align: job.min_bs(),
         };
         let generator = Generator::new(params, ctx.seed).map_err(|e| e.to_string())?;
-        let engine = engine::build(job.engine, depth as u32).map_err(|e| e.to_string())?;
         let rate = rate_ios_per_sec(job)
             .map(|r| RateScheduler::new(r, job.rate.process, ctx.seed ^ 0xA5A5))
             .transpose()
@@ -565,6 +564,19 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         // Buffers are allocated and filled before the barrier so that a synchronized start
         // is not delayed by touching (possibly hundreds of MiB of) memory.
         let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
+        // The engine is built last, with the files and buffers it may register; both outlive
+        // it (the engine is dropped, or forgotten with them, at the end of the clone).
+        let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let resources = engine::Resources {
+            fds: &fds,
+            buffers: Some((buffers.ptr, buffers.layout.size())),
+            register: engine::Registered {
+                files: job.registerfiles,
+                buffers: job.fixedbufs,
+            },
+        };
+        let engine =
+            engine::build(job.engine, depth as u32, &resources).map_err(|e| e.to_string())?;
         Ok((files, generator, engine, rate, buffers))
     })();
     let leader = ctx.barrier.wait().is_leader();
@@ -623,6 +635,15 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         std::collections::VecDeque::with_capacity(depth);
     // The last reap waited (or could have): the next completions may be a burst.
     let mut woke = false;
+    // fio's iodepth_batch_complete_max: completions handled per pass. Below the depth, the
+    // others wait in `seen`, finished, counted in flight and in their clat, as in fio's loop;
+    // `wait_area` integrates how many wait, so the report can tell them from IOs at the device.
+    let complete_max = job.complete_max.max(1) as usize;
+    let reap_all = complete_max >= depth;
+    let mut wait_area = 0f64;
+    // `seen` only changes where completions are handled; the integral is carried to there
+    // (and to the top of each pass) from here.
+    let mut last_wait = Instant::now();
     let mut queued_now: Vec<u32> = Vec::with_capacity(depth);
 
     let t0 = Instant::now();
@@ -679,6 +700,13 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     loop {
         let now = Instant::now();
         area += inflight as f64 * now.saturating_duration_since(last_now).as_nanos() as u64 as f64;
+        if !reap_all {
+            // (With every completion handled at once, the few held for one pass are taken out
+            // of `area` when handled, so they must not be counted here too.)
+            wait_area += seen.len() as f64
+                * now.saturating_duration_since(last_wait).as_nanos() as u64 as f64;
+            last_wait = last_wait.max(now);
+        }
         last_now = last_now.max(now);
         if !measuring && now >= ramp_end {
             measuring = true;
@@ -691,6 +719,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             next_tick = now + interval;
             last_tick = now;
             area = 0.0;
+            wait_area = 0.0;
             ru_start = thread_rusage();
         }
         if measuring && now >= next_tick {
@@ -715,7 +744,15 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 } else {
                     next_tick
                 };
-                close_interval(ctx, stats, &mut iv, &mut area, last_tick, end, timed_start);
+                close_interval(
+                    ctx,
+                    stats,
+                    &mut iv,
+                    [&mut area, &mut wait_area],
+                    last_tick,
+                    end,
+                    timed_start,
+                );
                 last_tick = end;
                 next_tick += interval;
             }
@@ -857,6 +894,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 let op = IoOp {
                     dir: req.dir,
                     fd: if null { -1 } else { fds[req.file] },
+                    file: req.file as u32,
                     offset: req.offset,
                     len,
                     buf: buffers.slot(slot_idx as usize),
@@ -1009,11 +1047,21 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         // handles only the first one before issuing again, so a slot is refilled at once
         // instead of after the bookkeeping of a whole burst (a virtio disk finishes ~31 IOs
         // per interrupt); the rest are handled on the next pass, with their own timestamps.
-        let t_seen = (!completions.is_empty()).then(Instant::now);
+        // With fio's reaping this one clock read is also the instant the pass takes its
+        // completions from `seen` (fio reads the clock once per reap too).
+        let t_seen =
+            (!completions.is_empty() || (!reap_all && !seen.is_empty())).then(Instant::now);
         let one_only = interleave && woke;
         woke = false;
-        let (mut direct, mut queued);
-        let all_now = seen.is_empty() && !one_only;
+        let (mut direct, mut queued, mut restamped);
+        let all_now =
+            seen.is_empty() && !one_only && (reap_all || completions.len() <= complete_max);
+        if !reap_all && !all_now {
+            let t = t_seen.unwrap_or(now);
+            wait_area +=
+                seen.len() as f64 * t.saturating_duration_since(last_wait).as_nanos() as u64 as f64;
+            last_wait = last_wait.max(t);
+        }
         let batch: &mut dyn Iterator<Item = (Completion, Instant)> = if all_now {
             // The usual case: everything seen now is handled now, with one timestamp; the
             // depth integral is carried to it once for the batch.
@@ -1029,9 +1077,24 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             if let Some(t) = t_seen {
                 seen.extend(completions.drain(..).map(|c| (c, t)));
             }
-            let handle = if one_only { 1 } else { seen.len() };
-            queued = seen.drain(..handle.min(seen.len()));
-            &mut queued
+            let handle = if one_only {
+                1
+            } else if reap_all {
+                seen.len()
+            } else {
+                complete_max
+            }
+            .min(seen.len());
+            if reap_all {
+                queued = seen.drain(..handle);
+                &mut queued
+            } else {
+                // fio's clat ends when its loop takes the completion, not when the kernel
+                // posted it: the wait in between is the job's.
+                let t = t_seen.unwrap_or(now);
+                restamped = seen.drain(..handle).map(move |(c, _)| (c, t));
+                &mut restamped
+            }
         };
         let stop_asked = stop.load(Ordering::Relaxed);
         for (c, t_done) in batch {
@@ -1135,7 +1198,15 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     let end = Instant::now();
     if measuring {
         area += inflight as f64 * end.saturating_duration_since(last_now).as_nanos() as u64 as f64;
-        close_interval(ctx, stats, &mut iv, &mut area, last_tick, end, timed_start);
+        close_interval(
+            ctx,
+            stats,
+            &mut iv,
+            [&mut area, &mut wait_area],
+            last_tick,
+            end,
+            timed_start,
+        );
         stats.runtime = end - timed_start;
     }
     if failure.is_none() && job.end_fsync && !null {
@@ -1171,6 +1242,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         }
         return Err(failure.unwrap_or_default());
     }
+    // The ring goes before the buffers it registered.
+    drop(engine);
     // The final state must not be overwritten by a checkpoint still being written.
     if let Some(h) = checkpointing.take() {
         let _ = h.join();
@@ -1392,27 +1465,34 @@ fn rate_ios_per_sec(job: &JobSpec) -> Option<f64> {
     total
 }
 
+/// `areas`: the integrals over the interval of IOs in flight and of finished IOs waiting to
+/// be handled (IO·ns); both are reset for the next interval.
 fn close_interval(
     ctx: &CloneCtx<'_>,
     stats: &mut JobStats,
     iv: &mut [DirStats; 2],
-    area: &mut f64,
+    areas: [&mut f64; 2],
     start: Instant,
     end: Instant,
     timed_start: Instant,
 ) {
     let len = end - start;
+    let [area, wait_area] = areas;
+    let mean = |a: f64| {
+        if len.is_zero() {
+            0.0
+        } else {
+            a / len.as_nanos() as f64
+        }
+    };
     let summary = IntervalSummary {
         end: end - timed_start,
         len,
         ios: [iv[0].ios, iv[1].ios],
         bytes: [iv[0].bytes, iv[1].bytes],
         errors: [iv[0].errors, iv[1].errors],
-        outstanding: if len.is_zero() {
-            0.0
-        } else {
-            *area / len.as_nanos() as f64
-        },
+        outstanding: mean(*area),
+        waiting: mean(*wait_area),
     };
     let live = &ctx.opts.live;
     for d in 0..2 {
@@ -1436,6 +1516,7 @@ fn close_interval(
     iv[0].reset();
     iv[1].reset();
     *area = 0.0;
+    *wait_area = 0.0;
 }
 
 fn do_sync(
@@ -1571,6 +1652,40 @@ fn sleep_until_unless_stopped(t: Instant, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// fio's reaping (`iodepth_batch_complete_max=1`, the default) against every completion at
+    /// once, on the null engine, whose IOs all finish at submit: with one taken per pass the
+    /// other seven of the depth wait, finished, and are counted as waiting (and in flight, as
+    /// fio counts them); taking all at once leaves none waiting.
+    #[test]
+    fn with_fio_reaping_finished_ios_wait_and_are_counted_as_waiting() {
+        let run = |max: u32| {
+            let text = format!(
+                "[j]\nioengine=null\nrw=randread\nbs=4k\niodepth=8\nsize=1g\nruntime=300ms\n\
+                 time_based\niodepth_batch_complete_max={max}\n"
+            );
+            let jobs =
+                crate::jobfile::parse_str(&text, std::path::Path::new("t.fio"), None, &[]).unwrap();
+            let opts = RunOptions {
+                interval: Duration::from_millis(100),
+                ..RunOptions::default()
+            };
+            let report = run_jobs(&jobs, &opts).unwrap();
+            let st = &report.jobs[0].stats;
+            assert!(st.dirs[0].ios > 1000, "{} IOs", st.dirs[0].ios);
+            let n = st.intervals.len() as f64;
+            let mean = |f: fn(&IntervalSummary) -> f64| st.intervals.iter().map(f).sum::<f64>() / n;
+            (mean(|iv| iv.outstanding), mean(|iv| iv.waiting))
+        };
+        let (outstanding, waiting) = run(1);
+        println!("one per pass: {waiting:.2} waiting of {outstanding:.2} in flight");
+        assert!(
+            (6.0..=8.0).contains(&waiting) && outstanding >= waiting,
+            "one per pass: {waiting} waiting of {outstanding} in flight"
+        );
+        let (outstanding, waiting) = run(8);
+        assert_eq!(waiting, 0.0, "all at once: {outstanding} in flight");
+    }
 
     #[test]
     fn the_wait_is_bounded_by_what_is_due_and_a_drain_waits_for_completions() {

@@ -136,8 +136,14 @@ pub struct IntervalSummary {
     pub ios: [u64; 2],
     pub bytes: [u64; 2],
     pub errors: [u64; 2],
-    /// Time-averaged number of IOs in flight during the interval.
+    /// Time-averaged number of IOs in flight during the interval, as fio counts them: from
+    /// issue until the job handles the completion.
     pub outstanding: f64,
+    /// Of those, the time-averaged number already finished and waiting for the job to handle
+    /// them (`iodepth_batch_complete_max` below the depth): `outstanding - waiting` is what
+    /// the device had to work on.
+    #[serde(default)]
+    pub waiting: f64,
 }
 
 /// An IO that took longer than the job's `stuck_timeout` (or was still in flight after it).
@@ -228,6 +234,7 @@ impl JobStats {
                     mine.errors[d] += iv.errors[d];
                 }
                 mine.outstanding += iv.outstanding;
+                mine.waiting += iv.waiting;
             } else {
                 self.intervals.push(iv.clone());
             }

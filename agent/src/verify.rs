@@ -363,6 +363,7 @@ pub fn check(state: &VerifyState, files: &[File], names: &[String]) -> VerifyRep
         let op = IoOp {
             dir: Direction::Read,
             fd: f.as_raw_fd(),
+            file,
             offset,
             len: b.len,
             buf: data.as_mut_ptr(),

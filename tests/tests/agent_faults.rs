@@ -266,7 +266,10 @@ kind = "kill"
     // Lost from the moment its stream broke, not from when re-attaching gave up (10 s later).
     // The stream breaks when the kernel closes the socket, which a killed process does only
     // after its in-flight IO is cancelled or completed: on a loaded host that took 0.8 s.
-    let (killed, lost_at) = (k["start_ms"].as_u64().unwrap(), lost["at_ms"].as_u64().unwrap());
+    let (killed, lost_at) = (
+        k["start_ms"].as_u64().unwrap(),
+        lost["at_ms"].as_u64().unwrap(),
+    );
     assert!(
         lost_at >= killed && lost_at < killed + 3000,
         "lost at {lost_at} ms, killed at {killed} ms: {lost}"

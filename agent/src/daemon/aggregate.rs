@@ -165,7 +165,10 @@ impl<E: VolumeEvents> IntervalSink for VolumeAggregator<E> {
         p.len = p.len.max(s.summary.len);
         p.dirs[0].merge(&s.dirs[0]);
         p.dirs[1].merge(&s.dirs[1]);
-        p.outstanding += s.summary.outstanding;
+        // What the volume was asked to work on: finished IOs waiting for the job thread are
+        // the load generator's queue, not the volume's (the chokepoint finder compares this
+        // with the configured depth to tell a short generator from a slow volume).
+        p.outstanding += s.summary.outstanding - s.summary.waiting;
         st.per_clone.insert((s.job_index, s.clone), s.index + 1);
         self.flush(&mut st);
     }

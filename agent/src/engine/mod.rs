@@ -26,6 +26,9 @@ pub mod uring;
 pub struct IoOp {
     pub dir: Direction,
     pub fd: RawFd,
+    /// The file's index in `Resources::fds`: engines that registered the files use it instead
+    /// of `fd`.
+    pub file: u32,
     pub offset: u64,
     pub len: u32,
     pub buf: *mut u8,
@@ -59,6 +62,41 @@ pub struct Capabilities {
     /// iodepth_batch_complete_max=1): a completion is seen and its replacement issued one submit
     /// later, instead of after the whole refill of a batch.
     pub interleave: bool,
+    /// Whether the kernel holds the job's files and buffers for the whole job (io_uring's
+    /// registered files and fixed buffers, fio's `registerfiles=1 fixedbufs=1`), so an IO
+    /// neither looks its file up nor pins its buffer's pages.
+    pub registered: Registered,
+}
+
+/// What an engine registered with the kernel (see `Resources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Registered {
+    pub files: bool,
+    pub buffers: bool,
+}
+
+/// What the runner lends an engine for the life of a job: its open files, in the order of
+/// `IoOp::file`, and its one buffer allocation, which every `IoOp::buf` points into. An engine
+/// that can hand them to the kernel once does (io_uring); the others ignore them.
+#[derive(Debug, Clone, Copy)]
+pub struct Resources<'a> {
+    pub fds: &'a [RawFd],
+    /// Start and length of the buffer allocation; None when there is none worth registering.
+    pub buffers: Option<(*mut u8, usize)>,
+    /// Whether to register at all (job option `fixedbufs`/`registerfiles` = 0 turns each off).
+    pub register: Registered,
+}
+
+impl Resources<'_> {
+    /// Nothing to register (the null engine, tests).
+    pub const NONE: Resources<'static> = Resources {
+        fds: &[],
+        buffers: None,
+        register: Registered {
+            files: false,
+            buffers: false,
+        },
+    };
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,11 +141,16 @@ pub trait Engine: Send {
 /// Builds the engine for a job. io_uring (asked for as io_uring or libaio) falls back to worker
 /// threads when the kernel refuses a ring, with a warning, as the issue asks: a job file written
 /// for libaio must still run where io_uring is disabled (e.g. by seccomp in containers).
-pub fn build(kind: EngineKind, depth: u32) -> Result<Box<dyn Engine>, EngineError> {
+pub fn build(
+    kind: EngineKind,
+    depth: u32,
+    resources: &Resources<'_>,
+) -> Result<Box<dyn Engine>, EngineError> {
     match kind {
         EngineKind::Null => Ok(Box::new(null::NullEngine::new(depth))),
         EngineKind::Psync => Ok(Box::new(threads::ThreadEngine::new(depth)?)),
-        EngineKind::IoUring | EngineKind::Libaio => match uring::UringEngine::new(depth) {
+        EngineKind::IoUring | EngineKind::Libaio => match uring::UringEngine::new(depth, resources)
+        {
             Ok(engine) => Ok(Box::new(engine)),
             Err(EngineError::UringUnavailable(err)) => {
                 tracing::warn!(

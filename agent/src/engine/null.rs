@@ -24,6 +24,7 @@ impl Engine for NullEngine {
             concurrent: true,
             touches_files: false,
             interleave: false,
+            registered: Default::default(),
         }
     }
 

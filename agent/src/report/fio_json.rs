@@ -435,6 +435,15 @@ fn job_options(s: &JobSpec) -> Obj {
     if !s.invalidate {
         o.str("invalidate", "0");
     }
+    if s.complete_max != 1 {
+        o.str("iodepth_batch_complete_max", &s.complete_max.to_string());
+    }
+    if !s.fixedbufs {
+        o.str("fixedbufs", "0");
+    }
+    if !s.registerfiles {
+        o.str("registerfiles", "0");
+    }
     o
 }
 
@@ -653,6 +662,7 @@ mod tests {
             bytes: [ios * 4096, 0],
             errors: [0, 0],
             outstanding: 4.0,
+            waiting: 0.0,
         };
         st.intervals = vec![
             iv(1000, 1000, 1000),

@@ -333,12 +333,17 @@ fn queue_lines(g: &JobGroup, out: &mut String) {
     if total <= 0.0 {
         return;
     }
-    let measured: f64 = st
-        .intervals
-        .iter()
-        .map(|iv| iv.outstanding * iv.len.as_secs_f64())
-        .sum::<f64>()
-        / total;
+    let weighted = |f: fn(&crate::stats::IntervalSummary) -> f64| {
+        st.intervals
+            .iter()
+            .map(|iv| f(iv) * iv.len.as_secs_f64())
+            .sum::<f64>()
+            / total
+    };
+    let measured = weighted(|iv| iv.outstanding);
+    // Finished IOs the job had not yet taken (fio's reaping, iodepth_batch_complete_max below
+    // the depth): in flight for fio's accounting and in their clat, but not at the target.
+    let waiting = weighted(|iv| iv.waiting);
     // IOs completed while none were in flight is impossible: a zero mean means the runner did
     // not measure the queue, and a note built on it would blame the load generator falsely.
     if measured <= 0.0 {
@@ -359,15 +364,29 @@ fn queue_lines(g: &JobGroup, out: &mut String) {
         g.spec.iodepth.max(1)
     };
     let depth = per_job * g.members;
+    let of_which = if waiting >= 0.005 {
+        format!(", of which finished, waiting to be reaped={waiting:.2}")
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "     queue     : in flight avg={measured:.2} (IOPS x lat={little:.2}), depth={depth}\n"
+        "     queue     : in flight avg={measured:.2} (IOPS x lat={little:.2}){of_which}, depth={depth}\n"
     ));
     let paced = g.spec.rate.is_limited() || !g.spec.thinktime.is_zero();
-    if !paced && measured < 0.8 * depth as f64 {
-        out.push_str(&format!(
-            "     note      : {measured:.2} of {depth} IOs in flight: the load generator, not \
-             the target, was the limit\n"
-        ));
+    let at_target = measured - waiting;
+    if !paced && at_target < 0.8 * depth as f64 {
+        let note = if waiting >= 0.005 {
+            format!(
+                "{at_target:.2} of {depth} IOs at the target ({waiting:.2} more had finished and \
+                 waited for the job to take them): the load generator, not the target, was the limit"
+            )
+        } else {
+            format!(
+                "{measured:.2} of {depth} IOs in flight: the load generator, not the target, \
+                 was the limit"
+            )
+        };
+        out.push_str(&format!("     note      : {note}\n"));
     }
 }
 
@@ -520,6 +539,7 @@ mod tests {
             bytes: [ios * 4096, 0],
             errors: [0, 0],
             outstanding: 1.5,
+            waiting: 0.0,
         };
         st.intervals = vec![iv(1, 900), iv(2, 1100)];
         st.depth_hist = [1, 1999, 0, 0, 0, 0, 0];
@@ -655,6 +675,45 @@ mod tests {
         )
         .replace("VERSION", &version_string());
         assert_eq!(text, expected, "\n{text}");
+    }
+
+    /// With fio's reaping, IOs that finished and wait for the job are in flight for fio's
+    /// accounting (and Little's law holds with them) but not at the target: the note is about
+    /// the IOs at the target, and says how many waited.
+    #[test]
+    fn finished_ios_waiting_to_be_reaped_are_not_counted_at_the_target() {
+        let mut job = read_job("w", 0);
+        for iv in &mut job.stats.intervals {
+            iv.outstanding = 1.9;
+            iv.waiting = 0.6;
+        }
+        let text = render_with(&report(vec![job]), &env());
+        assert!(
+            text.contains(
+                "     queue     : in flight avg=1.90 (IOPS x lat=0.15), of which finished, \
+                 waiting to be reaped=0.60, depth=2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "     note      : 1.30 of 2 IOs at the target (0.60 more had finished and \
+                 waited for the job to take them): the load generator, not the target, was \
+                 the limit\n"
+            ),
+            "{text}"
+        );
+        // The same queue with nothing waiting: the target had 1.9 of 2, no note.
+        let mut job = read_job("w", 0);
+        for iv in &mut job.stats.intervals {
+            iv.outstanding = 1.9;
+        }
+        let text = render_with(&report(vec![job]), &env());
+        assert!(
+            text.contains("in flight avg=1.90 (IOPS x lat=0.15), depth=2\n"),
+            "{text}"
+        );
+        assert!(!text.contains("note      :"), "{text}");
     }
 
     #[test]
