@@ -55,12 +55,12 @@ pub struct Capabilities {
     pub concurrent: bool,
     /// Whether IOs touch a real file (false for null).
     pub touches_files: bool,
-    /// Whether the runner should interleave: issue one IO, take the completions that are already
-    /// visible (`peek`, no system call), issue the next. Set where every submit enters the kernel
-    /// anyway and makes finished completions visible on the way (io_uring's commit runs the
-    /// deferred completion work), as fio does with its defaults (iodepth_batch_submit=1,
-    /// iodepth_batch_complete_max=1): a completion is seen and its replacement issued one submit
-    /// later, instead of after the whole refill of a batch.
+    /// Whether the runner should interleave: issue one IO, look at the completions that are
+    /// already visible (`peek`, no system call), issue the next. Set where every submit enters
+    /// the kernel anyway and makes finished completions visible on the way (io_uring's commit
+    /// runs the deferred completion work), as fio does with its defaults
+    /// (iodepth_batch_submit=1, iodepth_batch_complete_max=1): a completion is seen and its
+    /// replacement issued one submit later, instead of after the whole refill of a batch.
     pub interleave: bool,
     /// Whether the kernel holds the job's files and buffers for the whole job (io_uring's
     /// registered files and fixed buffers, fio's `registerfiles=1 fixedbufs=1`), so an IO
