@@ -577,7 +577,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         };
         let engine =
             engine::build(job.engine, depth as u32, &resources).map_err(|e| e.to_string())?;
-        Ok((files, generator, engine, rate, buffers))
+        Ok((files, fds, generator, engine, rate, buffers))
     })();
     let leader = ctx.barrier.wait().is_leader();
     // Real-time priority (where permitted) only for the wake-up itself: the start instant is
@@ -596,11 +596,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             sink.on_group_started(ctx.groupid, started);
         }
     }
-    let (files, mut generator, mut engine, mut rate, mut buffers) = setup?;
+    let (files, fds, mut generator, mut engine, mut rate, mut buffers) = setup?;
     if !job.startdelay.is_zero() {
         sleep_unless_stopped(job.startdelay, &ctx.opts.stop);
     }
-    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
     let mut gate = ctx.faults.gate.take();
     let mut fault = ctx.faults.fault.take();
     let verifying = job.verify.is_some() && !null;
@@ -709,9 +708,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         if !reap_all {
             // (With every completion handled at once, the few held for one pass are taken out
             // of `area` when handled, so they must not be counted here too.)
-            wait_area += seen.len() as f64
-                * now.saturating_duration_since(last_wait).as_nanos() as u64 as f64;
-            last_wait = last_wait.max(now);
+            carry_wait(&mut wait_area, &mut last_wait, seen.len(), now);
         }
         last_now = last_now.max(now);
         if !measuring && now >= ramp_end {
@@ -1063,10 +1060,12 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         let all_now =
             seen.is_empty() && !one_only && (reap_all || completions.len() <= complete_max);
         if !reap_all && !all_now {
-            let t = t_seen.unwrap_or(now);
-            wait_area +=
-                seen.len() as f64 * t.saturating_duration_since(last_wait).as_nanos() as u64 as f64;
-            last_wait = last_wait.max(t);
+            carry_wait(
+                &mut wait_area,
+                &mut last_wait,
+                seen.len(),
+                t_seen.unwrap_or(now),
+            );
         }
         let batch: &mut dyn Iterator<Item = (Completion, Instant)> = if all_now {
             // The usual case: everything seen now is handled now, with one timestamp; the
@@ -1469,6 +1468,13 @@ fn rate_ios_per_sec(job: &JobSpec) -> Option<f64> {
         }
     }
     total
+}
+
+/// Carries the integral of finished IOs waiting to be handled (`waiting` of them since `last`)
+/// to `to`.
+fn carry_wait(area: &mut f64, last: &mut Instant, waiting: usize, to: Instant) {
+    *area += waiting as f64 * to.saturating_duration_since(*last).as_nanos() as u64 as f64;
+    *last = (*last).max(to);
 }
 
 /// `areas`: the integrals over the interval of IOs in flight and of finished IOs waiting to

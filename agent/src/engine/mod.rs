@@ -62,13 +62,11 @@ pub struct Capabilities {
     /// (iodepth_batch_submit=1, iodepth_batch_complete_max=1): a completion is seen and its
     /// replacement issued one submit later, instead of after the whole refill of a batch.
     pub interleave: bool,
-    /// Whether the kernel holds the job's files and buffers for the whole job (io_uring's
-    /// registered files and fixed buffers, fio's `registerfiles=1 fixedbufs=1`), so an IO
-    /// neither looks its file up nor pins its buffer's pages.
-    pub registered: Registered,
 }
 
-/// What an engine registered with the kernel (see `Resources`).
+/// Which of the job's files and buffers are (to be) registered with the kernel for the whole
+/// job (io_uring's registered files and fixed buffers, fio's `registerfiles=1 fixedbufs=1`), so
+/// an IO neither looks its file up nor pins its buffer's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Registered {
     pub files: bool,
@@ -85,18 +83,6 @@ pub struct Resources<'a> {
     pub buffers: Option<(*mut u8, usize)>,
     /// Whether to register at all (job option `fixedbufs`/`registerfiles` = 0 turns each off).
     pub register: Registered,
-}
-
-impl Resources<'_> {
-    /// Nothing to register (the null engine, tests).
-    pub const NONE: Resources<'static> = Resources {
-        fds: &[],
-        buffers: None,
-        register: Registered {
-            files: false,
-            buffers: false,
-        },
-    };
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -24,7 +24,6 @@ impl Engine for NullEngine {
             concurrent: true,
             touches_files: false,
             interleave: false,
-            registered: Default::default(),
         }
     }
 

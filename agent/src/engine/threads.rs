@@ -89,7 +89,6 @@ impl Engine for ThreadEngine {
             concurrent: matches!(self.mode, Mode::Workers { .. }),
             touches_files: true,
             interleave: false,
-            registered: Default::default(),
         }
     }
 

@@ -84,7 +84,6 @@ impl Engine for UringEngine {
             concurrent: true,
             touches_files: true,
             interleave: true,
-            registered: self.registered,
         }
     }
 
@@ -225,20 +224,21 @@ fn register(ring: &IoUring, resources: &Resources<'_>) -> Registered {
             Err(e) => tracing::debug!("io_uring: files not registered ({e}); per-IO lookups"),
         }
     }
-    if let Some((base, len)) = resources.buffers.filter(|_| resources.register.buffers) {
-        if len > 0 && len <= MAX_FIXED_BUFFER {
-            let iov = libc::iovec {
-                iov_base: base.cast(),
-                iov_len: len,
-            };
-            // SAFETY: the runner keeps the allocation alive and in place for the life of the
-            // engine (`Resources`); the kernel also holds its own reference to the pages.
-            match unsafe { ring.submitter().register_buffers(&[iov]) } {
-                Ok(()) => done.buffers = true,
-                Err(e) => tracing::debug!(
-                    "io_uring: {len} bytes of buffers not registered ({e}); pinned per IO"
-                ),
-            }
+    let wanted = |&(_, len): &(*mut u8, usize)| {
+        resources.register.buffers && len > 0 && len <= MAX_FIXED_BUFFER
+    };
+    if let Some((base, len)) = resources.buffers.filter(wanted) {
+        let iov = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the runner keeps the allocation alive and in place for the life of the
+        // engine (`Resources`); the kernel also holds its own reference to the pages.
+        match unsafe { ring.submitter().register_buffers(&[iov]) } {
+            Ok(()) => done.buffers = true,
+            Err(e) => tracing::debug!(
+                "io_uring: {len} bytes of buffers not registered ({e}); pinned per IO"
+            ),
         }
     }
     done
