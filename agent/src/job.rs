@@ -219,6 +219,14 @@ pub struct JobSpec {
     pub complete_max: u32,
     /// `description=` as given.
     pub description: Option<String>,
+    /// `overwrite=1`: the job may write into, and extend, files that existed before the run.
+    /// Without it a local job only reads files it did not create (fio writes them silently).
+    pub overwrite: bool,
+    /// `allow_file_create` (fio's, default 1): `0` refuses to create any file.
+    pub allow_file_create: bool,
+    /// Where the job may touch files; set by the agent daemon to the job's volume, never by a
+    /// job file.
+    pub scope: crate::confine::Scope,
 }
 
 /// Default `stuck_timeout`.
@@ -274,6 +282,9 @@ impl JobSpec {
             registerfiles: true,
             complete_max: 1,
             description: None,
+            overwrite: false,
+            allow_file_create: true,
+            scope: crate::confine::Scope::Named,
         }
     }
 

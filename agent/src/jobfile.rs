@@ -657,6 +657,8 @@ const SUPPORTED: &[&str] = &[
     "fixedbufs",
     "registerfiles",
     "iodepth_batch_complete_max",
+    "overwrite",
+    "allow_file_create",
 ];
 
 /// lockstep's own options (not fio's): `stuck_timeout` lists IOs slower than it (fio issue
@@ -1292,6 +1294,8 @@ fn apply(
         "percentile_list" => spec.percentile_list = parse_percentiles(need(value)?)?,
         "invalidate" => spec.invalidate = boolean(value)?,
         "fixedbufs" => spec.fixedbufs = boolean(value)?,
+        "overwrite" => spec.overwrite = boolean(value)?,
+        "allow_file_create" => spec.allow_file_create = boolean(value)?,
         // fio raises a maximum below the minimum (1) to it, so 0 means 1.
         "iodepth_batch_complete_max" => {
             spec.complete_max = count_u32(value, kb, 0)?.max(1);

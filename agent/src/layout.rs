@@ -10,12 +10,13 @@
 //!   layout removes what it had created, so nothing half-written is left behind.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use crate::confine::{self, Scope};
 use crate::job::{Extent, JobSpec};
 use crate::workload::FileRegion;
 
@@ -78,6 +79,8 @@ pub struct PlannedFile {
     pub min_len: u64,
     pub is_block_device: bool,
     pub exists: bool,
+    /// How the file is reached (beneath a volume, or as named).
+    pub scope: Scope,
 }
 
 /// Plans the files of one clone of a job (fio's naming: `directory/jobname.clone.filenum`;
@@ -109,7 +112,11 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
             spec.directories.clone()
         };
         for dir in &dirs {
-            match std::fs::metadata(dir) {
+            match spec
+                .scope
+                .metadata(dir)
+                .and_then(|m| m.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT)))
+            {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => {
                     return Err(job_err(format!(
@@ -132,7 +139,13 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
     let nfiles = paths.len() as u64;
     let mut planned = Vec::with_capacity(paths.len());
     for path in paths {
-        let meta = std::fs::metadata(&path).ok();
+        let meta = spec
+            .scope
+            .metadata(&path)
+            .map_err(|e| job_err(format!("{}: {e}", path.display())))?;
+        if let Some(m) = &meta {
+            check_target_type(spec, &path, m).map_err(job_err)?;
+        }
         let is_block = meta
             .as_ref()
             .is_some_and(|m| m.file_type().is_block_device());
@@ -175,15 +188,77 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
                 spec.min_bs()
             )));
         }
-        planned.push(PlannedFile {
+        let file = PlannedFile {
             path,
             region: FileRegion { offset, len },
             min_len: offset + len,
             is_block_device: is_block,
             exists: meta.is_some(),
-        });
+            scope: spec.scope.clone(),
+        };
+        check_existing_file_use(spec, &file, existing_len).map_err(job_err)?;
+        planned.push(file);
     }
     Ok(planned)
+}
+
+/// Only regular files and (with permission, checked at layout) block devices are targets; a
+/// FIFO, character device, socket or directory would hang the job or do something else than
+/// storage IO. Inside a volume only regular files are used, and a link is named as such.
+fn check_target_type(spec: &JobSpec, path: &Path, m: &std::fs::Metadata) -> Result<(), String> {
+    let t = m.file_type();
+    let what = if t.is_symlink() {
+        "a symbolic link; lockstep never follows links inside a volume: remove the link"
+    } else if t.is_file() || t.is_block_device() && !matches!(spec.scope, Scope::Beneath(_)) {
+        return Ok(());
+    } else if t.is_block_device() {
+        "a block device inside a directory volume; give the device itself as a volume"
+    } else if t.is_dir() {
+        "a directory; name a file, or use directory= for the files' directory"
+    } else if t.is_char_device() {
+        "a character device; lockstep does IO on regular files and block devices only"
+    } else if t.is_fifo() {
+        "a FIFO; lockstep does IO on regular files and block devices only"
+    } else {
+        "not a regular file or block device; lockstep does IO on those only"
+    };
+    Err(format!("{} is {what}", path.display()))
+}
+
+/// A local job file may name any path, so what existed before the run is only read, and only
+/// within its length, unless the job allows more: fio would silently extend `/etc/passwd` to
+/// `size=` with random data. Files that do not exist are only created when the job allows it.
+fn check_existing_file_use(
+    spec: &JobSpec,
+    f: &PlannedFile,
+    existing_len: u64,
+) -> Result<(), String> {
+    if !f.exists {
+        if !spec.allow_file_create {
+            return Err(format!(
+                "{} does not exist and allow_file_create=0 forbids creating it",
+                f.path.display()
+            ));
+        }
+        return Ok(());
+    }
+    if f.is_block_device || spec.scope.owns_existing_files() || spec.overwrite {
+        return Ok(());
+    }
+    if spec.pattern.writes() || spec.verify.is_some() {
+        return Err(format!(
+            "{} existed before this run and the job writes to it; lockstep only writes files it              created: add overwrite=1 to the job to allow writing into it, or name a new file",
+            f.path.display()
+        ));
+    }
+    if existing_len < f.min_len {
+        return Err(format!(
+            "{} is {existing_len} bytes and the job reads up to byte {}; lockstep does not extend              a file it did not create: use size={existing_len} or less, or overwrite=1 to let it              grow the file",
+            f.path.display(),
+            f.min_len
+        ));
+    }
+    Ok(())
 }
 
 /// Size of a block device in bytes (BLKGETSIZE64).
@@ -319,20 +394,28 @@ pub fn detect_signature(head: &[u8]) -> Option<&'static str> {
     None
 }
 
+/// A file lockstep created, with how to reach it again for removal.
+#[derive(Debug, Clone)]
+pub struct CreatedFile {
+    pub path: PathBuf,
+    pub scope: Scope,
+}
+
 /// Files created by lockstep (to remove at the end unless kept), in creation order.
 #[derive(Debug, Default)]
 pub struct CreatedFiles {
-    pub paths: Vec<PathBuf>,
+    pub files: Vec<CreatedFile>,
 }
 
 impl CreatedFiles {
-    /// Removes every file lockstep created; failures are reported, not fatal.
+    /// Removes every file lockstep created; failures are reported, not fatal. Removal goes
+    /// through the file's scope, so a file replaced by a link meanwhile removes only the link.
     pub fn remove_all(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
-        for p in self.paths.drain(..) {
-            if let Err(e) = std::fs::remove_file(&p) {
+        for f in self.files.drain(..) {
+            if let Err(e) = f.scope.remove(&f.path) {
                 if e.kind() != io::ErrorKind::NotFound {
-                    problems.push(format!("{}: could not remove: {e}", p.display()));
+                    problems.push(format!("{}: could not remove: {e}", f.path.display()));
                 }
             }
         }
@@ -383,7 +466,11 @@ pub fn lay_out(
             check_block_device(&f.path)?;
             continue;
         }
-        let current = std::fs::metadata(&f.path).map(|m| m.len()).unwrap_or(0);
+        let current = f
+            .scope
+            .metadata(&f.path)
+            .map_err(|e| io_err(&f.path, "stat", e))?
+            .map_or(0, |m| m.len());
         if current < f.min_len {
             todo.push((*f, current));
         }
@@ -395,11 +482,7 @@ pub fn lay_out(
     };
     progress.start(total);
     for (f, current) in todo {
-        let existed = std::fs::metadata(&f.path).is_ok();
-        let result = extend_file(f, current, fill_with_data, progress);
-        if !existed && std::fs::metadata(&f.path).is_ok() {
-            created.paths.push(f.path.clone());
-        }
+        let result = extend_file(f, current, fill_with_data, progress, created);
         if let Err(e) = result {
             progress.finish();
             // Leave nothing half-written: remove what this run created.
@@ -411,19 +494,34 @@ pub fn lay_out(
     Ok(())
 }
 
+/// Creates (never through a link: `O_EXCL`) or extends one file; a file it creates is recorded
+/// in `created` before anything is written, so a failure or abort removes it.
 fn extend_file(
     f: &PlannedFile,
     current: u64,
     fill: bool,
     progress: &dyn LayoutProgress,
+    created: &mut CreatedFiles,
 ) -> Result<(), LayoutError> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(&f.path)
-        .map_err(|e| io_err(&f.path, "create", e))?;
+    let mut file = if f.exists {
+        let file = f
+            .scope
+            .open(&f.path, libc::O_WRONLY, 0)
+            .map_err(|e| io_err(&f.path, "open", e))?;
+        confine::check_private(&f.path, &file).map_err(|e| io_err(&f.path, "open", e))?;
+        file
+    } else {
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let file = f
+            .scope
+            .open(&f.path, flags, 0o644)
+            .map_err(|e| io_err(&f.path, "create", e))?;
+        created.files.push(CreatedFile {
+            path: f.path.clone(),
+            scope: f.scope.clone(),
+        });
+        file
+    };
     if !fill {
         // SAFETY: plain syscall on an fd we own.
         let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, f.min_len as i64) };
@@ -470,14 +568,25 @@ pub fn fill_pseudo_random(buf: &mut [u8], seed: u64) {
     }
 }
 
-/// Opens a target for the job: O_DIRECT when asked, read-write only if the job writes.
-pub fn open_target(path: &Path, direct: bool, write: bool) -> Result<File, LayoutError> {
-    let mut opts = OpenOptions::new();
-    opts.read(true).write(write);
+/// Opens a target for the job: O_DIRECT when asked, read-write only if the job writes; beneath
+/// a volume without following links, and a file to write must have no other hard link.
+pub fn open_target(
+    scope: &Scope,
+    path: &Path,
+    direct: bool,
+    write: bool,
+) -> Result<File, LayoutError> {
+    let mut flags = if write { libc::O_RDWR } else { libc::O_RDONLY };
     if direct {
-        opts.custom_flags(libc::O_DIRECT);
+        flags |= libc::O_DIRECT;
     }
-    opts.open(path).map_err(|e| io_err(path, "open", e))
+    let file = scope
+        .open(path, flags, 0)
+        .map_err(|e| io_err(path, "open", e))?;
+    if write && matches!(scope, Scope::Beneath(_)) {
+        confine::check_private(path, &file).map_err(|e| io_err(path, "open", e))?;
+    }
+    Ok(file)
 }
 
 /// Drops the page cache of a file (fio's `invalidate=1`), so reads measure the device.
@@ -543,7 +652,8 @@ mod tests {
         let files = plan_files(&job(dir.path()), 0).unwrap();
         let mut created = CreatedFiles::default();
         lay_out(&files, true, false, &mut created, &NoProgress).unwrap();
-        assert_eq!(created.paths, vec![dir.path().join("t.0.0")]);
+        let paths: Vec<_> = created.files.iter().map(|f| f.path.clone()).collect();
+        assert_eq!(paths, vec![dir.path().join("t.0.0")]);
         assert_eq!(
             std::fs::metadata(dir.path().join("t.0.0")).unwrap().len(),
             4 << 20

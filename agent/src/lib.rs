@@ -10,6 +10,7 @@
 //! - `engine/`: the small engine contract (queue, commit, reap) and its implementations:
 //!   io_uring, pread/pwrite worker threads, null;
 //! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
+//! - `confine`: where a job may touch files, and opens that cannot leave a volume;
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
@@ -20,6 +21,7 @@
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
+pub mod confine;
 pub mod daemon;
 pub mod engine;
 pub mod fault;

@@ -204,7 +204,8 @@ impl PreparedRun {
             i = end;
         }
         // Files whose device stopped answering stay: removing them would wait on it too.
-        self.created.paths.retain(|p| {
+        self.created.files.retain(|f| {
+            let p = &f.path;
             let abandoned = reports.iter().any(|r| r.abandoned.contains(p));
             if abandoned {
                 tracing::warn!(
@@ -218,10 +219,11 @@ impl PreparedRun {
         // A verify state is only worth keeping beside the data it describes.
         for r in &mut reports {
             if let Some(v) = r.verify.as_mut() {
+                let scope = &r.spec.scope;
                 v.state_files.retain(|sp| {
                     let keep = verify::data_files_exist(std::path::Path::new(sp));
                     if !keep {
-                        let _ = std::fs::remove_file(sp);
+                        let _ = scope.remove(std::path::Path::new(sp));
                     }
                     keep
                 });
@@ -521,8 +523,13 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         }
         let mut files: Vec<File> = Vec::new();
         for f in ctx.files {
-            let file = layout::open_target(&f.path, job.direct, writes || job.verify.is_some())
-                .map_err(|e| e.to_string())?;
+            let file = layout::open_target(
+                &f.scope,
+                &f.path,
+                job.direct,
+                writes || job.verify.is_some(),
+            )
+            .map_err(|e| e.to_string())?;
             if job.invalidate && !job.direct {
                 layout::invalidate(&file);
             }
@@ -769,9 +776,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                     let path = verify::state_path(&first.path, &job.name, ctx.clone);
                     let names: Vec<String> = ctx.files.iter().map(|f| absolute(&f.path)).collect();
                     let (snapshot, name, clone) = (vstate.clone(), job.name.clone(), ctx.clone);
+                    let scope = first.scope.clone();
                     checkpointing = Some(std::thread::spawn(move || {
                         if let Err(e) =
-                            verify::save_checkpoint(&path, &name, clone, &names, &snapshot)
+                            verify::save_checkpoint(&scope, &path, &name, clone, &names, &snapshot)
                         {
                             tracing::warn!("verify checkpoint: {e}");
                         }
@@ -1265,7 +1273,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         };
         if let Some(first) = ctx.files.first() {
             let sp = verify::state_path(&first.path, &job.name, ctx.clone);
-            match verify::save(&sp, &job.name, ctx.clone, &names, &vstate) {
+            match verify::save(&first.scope, &sp, &job.name, ctx.clone, &names, &vstate) {
                 Ok(()) => r.state_files.push(absolute(&sp)),
                 Err(e) => r.errors.push(format!("saving the verify state: {e}")),
             }

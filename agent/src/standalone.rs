@@ -49,6 +49,9 @@ pub struct Outcome {
 /// the report, which is written in full either way.
 pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
     let jobs = jobfile::parse_file(&args.jobfile, &args.overrides)?;
+    if let Some(path) = &args.output {
+        check_output_path(path).map_err(anyhow::Error::msg)?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
@@ -76,8 +79,19 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
     }
     let report = result?;
     let text = render(&report, args.format);
+    let mut output_failed = None;
     match &args.output {
-        Some(path) => write_atomically(path, text.as_bytes())?,
+        Some(path) => {
+            if let Err(e) = write_atomically(path, text.as_bytes()) {
+                // The measurements must not be lost with the file: they go to stdout instead.
+                std::io::stdout().write_all(text.as_bytes())?;
+                output_failed = Some(format!(
+                    "writing the report to {}: {e}{} (the report went to stdout instead)",
+                    path.display(),
+                    crate::layout::io_hint(&e)
+                ));
+            }
+        }
         None => std::io::stdout().write_all(text.as_bytes())?,
     }
     let failed = report.jobs.iter().any(|j| j.error.is_some());
@@ -100,10 +114,61 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
              kernel, so this process may not exit until the device answers. It does no more work."
         );
     }
+    if let Some(problem) = output_failed {
+        anyhow::bail!(problem);
+    }
     Ok(Outcome {
         failed,
         interrupted: stop.load(Ordering::Relaxed),
     })
+}
+
+/// Checks an output path before any IO, so a typo does not cost a whole run: the directory must
+/// exist and be writable, and an existing path must be something a report can go to. A regular
+/// file is replaced atomically; a character device or FIFO (`/dev/stdout`, a pipe) is written
+/// into as fio does; anything else (a directory, a block device) is refused, never replaced.
+pub fn check_output_path(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let named = |why: &str| format!("--output {}: {why}", path.display());
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_char_device() || m.file_type().is_fifo() => return Ok(()),
+        Ok(m) if m.is_dir() => return Err(named("is a directory; name a file")),
+        Ok(m) if !m.is_file() => {
+            return Err(named("is not a regular file; lockstep never replaces it"));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(named(&e.to_string())),
+    }
+    let dir = parent_dir(path);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(named(&format!("{} is not a directory", dir.display()))),
+        Err(e) => {
+            return Err(named(&format!(
+                "directory {}: {e}; create it first",
+                dir.display()
+            )));
+        }
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| named("contains a NUL byte"))?;
+    // SAFETY: access(2) with a NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(named(&format!(
+            "cannot write in {}: {e}{}",
+            dir.display(),
+            crate::layout::io_hint(&e)
+        )));
+    }
+    Ok(())
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 pub fn render(report: &RunReport, format: OutputFormat) -> String {
@@ -114,19 +179,41 @@ pub fn render(report: &RunReport, format: OutputFormat) -> String {
 }
 
 /// Writes to a temporary file beside `path` and renames it into place, so a reader never sees
-/// half a report and an existing report is not destroyed by a failed write.
+/// half a report and an existing report is not destroyed by a failed write. A character device
+/// or FIFO at `path` is written into instead (renaming over `/dev/null` would break the host);
+/// any other non-regular file is refused. The temporary file is created new (`O_EXCL`), never
+/// through a link someone left in its place.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    if let Ok(m) = std::fs::metadata(path) {
+        let t = m.file_type();
+        if t.is_char_device() || t.is_fifo() {
+            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+            return f.write_all(bytes);
+        }
+        if !t.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a regular file; lockstep never replaces it",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::confine::{self, Scope};
 use crate::engine::{self, IoOp};
 use crate::job::{Direction, JobSpec};
 
@@ -450,13 +451,14 @@ pub fn state_path(first_file: &Path, job: &str, clone: u32) -> PathBuf {
 /// one 25-byte record per block (file u32, offset u64, len u32, lo u32, expect u32, dropped u8,
 /// little-endian).
 pub fn save(
+    scope: &Scope,
     path: &Path,
     job: &str,
     clone: u32,
     files: &[String],
     state: &VerifyState,
 ) -> Result<(), StateError> {
-    write_state(path, job, clone, files, state, false)
+    write_state(scope, path, job, clone, files, state, false)
 }
 
 /// Saves a checkpoint of a clone's state while it is still writing, so an agent that dies
@@ -464,16 +466,18 @@ pub fn save(
 /// write acknowledged before the checkpoint must still be there (or a later generation of its
 /// block). The job's final save replaces it.
 pub fn save_checkpoint(
+    scope: &Scope,
     path: &Path,
     job: &str,
     clone: u32,
     files: &[String],
     state: &VerifyState,
 ) -> Result<(), StateError> {
-    write_state(path, job, clone, files, state, true)
+    write_state(scope, path, job, clone, files, state, true)
 }
 
 fn write_state(
+    scope: &Scope,
     path: &Path,
     job: &str,
     clone: u32,
@@ -487,7 +491,12 @@ fn write_state(
         source,
     };
     let tmp = path.with_extension("verify-state.tmp");
-    let f = File::create(&tmp).map_err(io)?;
+    // The state file's name is lockstep's own, so a link or a hard link in its place (from
+    // whoever can write the directory) is never followed or truncated.
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW;
+    let f = scope.open(&tmp, flags, 0o644).map_err(io)?;
+    confine::check_private(&tmp, &f).map_err(io)?;
+    f.set_len(0).map_err(io)?;
     let mut w = BufWriter::new(f);
     let header = StateHeader {
         job: job.into(),
@@ -525,7 +534,7 @@ fn write_state(
     }
     let f = w.into_inner().map_err(|e| io(e.into_error()))?;
     f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    scope.rename(&tmp, path).map_err(io)?;
     Ok(())
 }
 
@@ -608,8 +617,8 @@ pub fn verify_saved(path: &Path) -> Result<VerifyReport, StateError> {
     let mut files = Vec::new();
     let mut report = VerifyReport::default();
     for name in &saved.files {
-        let opened = crate::layout::open_target(Path::new(name), true, false)
-            .or_else(|_| crate::layout::open_target(Path::new(name), false, false));
+        let opened = crate::layout::open_target(&Scope::Named, Path::new(name), true, false)
+            .or_else(|_| crate::layout::open_target(&Scope::Named, Path::new(name), false, false));
         match opened {
             Ok(f) => files.push(f),
             Err(e) => {
@@ -851,7 +860,7 @@ mod tests {
         assert_eq!(r.dropped_writes, 2);
         // The same from the saved state, by a later process.
         let sp = state_path(&path, "j", 0);
-        save(&sp, "j", 0, &names, &s).unwrap();
+        save(&Scope::Named, &sp, "j", 0, &names, &s).unwrap();
         assert_eq!(find_states(dir.path()).unwrap(), vec![sp.clone()]);
         let later = verify_saved(&sp).unwrap();
         assert_eq!(
@@ -905,7 +914,7 @@ mod tests {
         let g3 = s.issue(0, 3 * 4096, 4096);
         let sp = state_path(&path, "j", 0);
         let names = vec![path.display().to_string()];
-        save_checkpoint(&sp, "j", 0, &names, &s).unwrap();
+        save_checkpoint(&Scope::Named, &sp, "j", 0, &names, &s).unwrap();
         // After the checkpoint: block 3's write lands, block 0 is rewritten twice.
         s.complete(0, 3 * 4096, g3, true, false);
         data[3 * 4096..4 * 4096].copy_from_slice(&block(0, 3 * 4096, g3, 4096));
@@ -932,7 +941,7 @@ mod tests {
         );
         assert!(r.findings[0].detail.contains("checkpoint"));
         // The same blocks judged by the final state: block 0 must now be exactly generation 3.
-        save(&sp, "j", 0, &names, &s).unwrap();
+        save(&Scope::Named, &sp, "j", 0, &names, &s).unwrap();
         let r = verify_saved(&sp).unwrap();
         assert_eq!((r.good, r.lost, r.stale), (4, 1, 1), "{r:?}");
     }

@@ -47,6 +47,9 @@ pub struct RunArgs {
 /// 2 the run could not be done (bad plan, unreachable agent); 130 stopped with Ctrl-C.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub const EXIT_INTERRUPTED: u8 = 130;
+/// The run finished and its report went to stdout, but a results file could not be written
+/// (a full or read-only disk); the error names each file.
+pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;
 
 fn default_output(plan: &Plan) -> PathBuf {
     let secs = std::time::SystemTime::now()
@@ -97,7 +100,9 @@ fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
         );
     }
     std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating the results directory {}", dir.display()))
+        .with_context(|| format!("creating the results directory {}", dir.display()))?;
+    report::check_writable(dir)
+        .with_context(|| format!("the results directory {} is not writable", dir.display()))
 }
 
 /// Asks each agent given by address who it is (hello), for resolving the plan against it.
@@ -580,17 +585,21 @@ pub(crate) async fn run_resolved(
         );
         results.drill = Some(d);
     }
-    report::write_run_dir(out_dir, &results)
-        .with_context(|| format!("writing results to {}", out_dir.display()))?;
-    let fio = report::fio::document(&results, &output.finals);
-    report::write_atomically(
-        &out_dir.join("fio.json"),
-        serde_json::to_string_pretty(&fio)?.as_bytes(),
-    )?;
+    // The report reaches stdout before any file is written: a full or read-only results disk
+    // must not take the measurements with it.
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         print!("{}", report::text::render(&results));
+    }
+    let fio = report::fio::document(&results, &output.finals);
+    let written = report::write_run_dir(out_dir, &results).and_then(|()| {
+        let fio = serde_json::to_string_pretty(&fio)?.into_bytes();
+        report::write_all_or_name_failures(out_dir, &[("fio.json", fio)])
+    });
+    if let Err(e) = written {
+        eprintln!("lockstep: error: writing the results: {e} (the report above is complete)");
+        return Ok(ExitCode::from(EXIT_RESULTS_UNWRITTEN));
     }
     eprintln!("lockstep: results in {}", out_dir.display());
     Ok(exit_code(&results, blamed && args.fail_on_chokepoint))

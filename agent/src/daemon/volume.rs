@@ -6,6 +6,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use crate::confine::Scope;
 use crate::job::JobSpec;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -137,20 +138,14 @@ impl VolumeConfig {
                     return Err(escapes("filename", f));
                 }
             }
-            job.filenames = job
-                .filenames
-                .iter()
-                .map(|f| {
-                    if f.is_absolute() {
-                        f.clone()
-                    } else {
-                        self.path.join(f)
-                    }
-                })
-                .collect();
-            if job.directories.is_empty() || job.directories.iter().all(|d| !d.is_absolute()) {
+            // Every path is spelled from the volume's root as given, so the opens beneath it
+            // (see `confine`) can take it apart again.
+            job.filenames = job.filenames.iter().map(|f| self.respell(f)).collect();
+            if job.directories.iter().all(|d| !d.is_absolute()) {
                 job.directories = vec![self.path.clone()];
             }
+            job.directories = job.directories.iter().map(|d| self.respell(d)).collect();
+            job.scope = Scope::Beneath(self.path.clone());
         } else {
             for f in &job.filenames {
                 if f != &self.path {
@@ -160,8 +155,27 @@ impl VolumeConfig {
             job.filenames = vec![self.path.clone()];
             job.directories.clear();
             job.nrfiles = 1;
+            job.scope = Scope::Exact(self.path.clone());
         }
         Ok(())
+    }
+
+    /// `p` (already checked to be inside) as the volume's path joined with the rest.
+    fn respell(&self, p: &Path) -> PathBuf {
+        if !p.is_absolute() {
+            return self.path.join(p);
+        }
+        if p.starts_with(&self.path) {
+            return p.to_path_buf();
+        }
+        let canon = self
+            .path
+            .canonicalize()
+            .unwrap_or_else(|_| self.path.clone());
+        match p.strip_prefix(&canon) {
+            Ok(rest) => self.path.join(rest),
+            Err(_) => p.to_path_buf(),
+        }
     }
 }
 

@@ -21,15 +21,51 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// results.json, timeline.json, timeline.csv and report.txt (fio.json and intervals.hlog are
-/// written by the run).
+/// written by the run). Every file is tried even when one fails (a full or read-only disk), so
+/// what could be written stays; the error names each file that could not be.
 pub fn write_run_dir(dir: &Path, results: &RunResults) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(results).map_err(std::io::Error::other)?;
-    write_atomically(&dir.join("results.json"), &json)?;
     let timeline = serde_json::to_vec(&results.timeline).map_err(std::io::Error::other)?;
-    write_atomically(&dir.join("timeline.json"), &timeline)?;
-    write_atomically(&dir.join("timeline.csv"), csv::timeline(results).as_bytes())?;
-    write_atomically(&dir.join("report.txt"), text::render(results).as_bytes())?;
-    Ok(())
+    let files: [(&str, Vec<u8>); 4] = [
+        ("report.txt", text::render(results).into_bytes()),
+        ("results.json", json),
+        ("timeline.json", timeline),
+        ("timeline.csv", csv::timeline(results).into_bytes()),
+    ];
+    write_all_or_name_failures(dir, &files)
+}
+
+/// Writes each file of a run directory atomically; the error lists every one that failed.
+pub fn write_all_or_name_failures(dir: &Path, files: &[(&str, Vec<u8>)]) -> std::io::Result<()> {
+    let mut failed = Vec::new();
+    let mut kind = std::io::ErrorKind::Other;
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        if let Err(e) = write_atomically(&path, bytes) {
+            kind = e.kind();
+            failed.push(format!(
+                "{}: {e}{}",
+                path.display(),
+                lockstep_agent::layout::io_hint(&e)
+            ));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(kind, failed.join("; ")))
+    }
+}
+
+/// Checks before any IO that a results directory can be written: creates and removes a probe
+/// file, which catches read-only filesystems and permissions that `access` would not for root.
+pub fn check_writable(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(format!(".lockstep-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
 }
 
 /// Reads a finished run's results.json.
