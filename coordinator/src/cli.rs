@@ -522,7 +522,7 @@ pub(crate) async fn run_resolved(
     let file = std::fs::File::create(&hlog_path)
         .with_context(|| format!("creating {}", hlog_path.display()))?;
     let mut hlog = Some(HlogWriter::new(
-        std::io::BufWriter::new(file),
+        std::io::BufWriter::new(crate::hlog::KeepGoing::new(file)),
         crate::client::unix_ns() / 1_000_000,
     )?);
     let mut live = LiveView::new(assignment.run_length(), args.json);
@@ -541,9 +541,15 @@ pub(crate) async fn run_resolved(
     }
     let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
     live.finish();
+    let mut unwritten = Vec::new();
     if let Some(h) = hlog.take() {
-        use std::io::Write;
-        h.into_inner().flush().context("writing intervals.hlog")?;
+        let failure = match h.into_inner().into_inner() {
+            Ok(kept) => kept.error,
+            Err(e) => Some(e.into_error()),
+        };
+        if let Some(e) = failure {
+            unwritten.push(format!("{}: {e}", hlog_path.display()));
+        }
     }
     let output = outcome?;
     let mut results = output.results;
@@ -573,7 +579,7 @@ pub(crate) async fn run_resolved(
         );
     }
     results.chokepoint = Some(value);
-    if !results.faults.is_empty() {
+    if !results.faults.is_empty() && unwritten.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
         let entries =
             crate::hlog::read(&hlog_path).context("reading intervals.hlog for the drill report")?;
@@ -593,12 +599,20 @@ pub(crate) async fn run_resolved(
         print!("{}", report::text::render(&results));
     }
     let fio = report::fio::document(&results, &output.finals);
-    let written = report::write_run_dir(out_dir, &results).and_then(|()| {
-        let fio = serde_json::to_string_pretty(&fio)?.into_bytes();
-        report::write_all_or_name_failures(out_dir, &[("fio.json", fio)])
-    });
-    if let Err(e) = written {
-        eprintln!("lockstep: error: writing the results: {e} (the report above is complete)");
+    let fio = serde_json::to_string_pretty(&fio)?.into_bytes();
+    for written in [
+        report::write_run_dir(out_dir, &results),
+        report::write_all_or_name_failures(out_dir, &[("fio.json", fio)]),
+    ] {
+        if let Err(e) = written {
+            unwritten.push(e.to_string());
+        }
+    }
+    if !unwritten.is_empty() {
+        eprintln!(
+            "lockstep: error: results not written: {} (the report above is complete)",
+            unwritten.join("; ")
+        );
         return Ok(ExitCode::from(EXIT_RESULTS_UNWRITTEN));
     }
     eprintln!("lockstep: results in {}", out_dir.display());

@@ -11,6 +11,42 @@ use std::io::{self, BufRead, Write};
 use base64::Engine as _;
 use lockstep_proto::histogram::SparseHistogram;
 
+/// The run's hlog file: a full or failing results disk must not end the run (its report
+/// still reaches stdout), so the first write error is kept for the end and later writes are
+/// dropped.
+pub type RunLog = HlogWriter<io::BufWriter<KeepGoing<std::fs::File>>>;
+
+/// A writer that records its first error instead of returning it, so the caller carries on.
+pub struct KeepGoing<W: Write> {
+    inner: W,
+    pub error: Option<io::Error>,
+}
+
+impl<W: Write> KeepGoing<W> {
+    pub fn new(inner: W) -> Self {
+        KeepGoing { inner, error: None }
+    }
+}
+
+impl<W: Write> Write for KeepGoing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.error.is_none() {
+            if let Err(e) = self.inner.write_all(buf) {
+                self.error = Some(e);
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        if self.error.is_none() {
+            if let Err(e) = self.inner.flush() {
+                self.error = Some(e);
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct HlogWriter<W: Write> {
     out: W,
 }

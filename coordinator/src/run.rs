@@ -18,7 +18,6 @@ use tokio_stream::StreamExt;
 
 use crate::client::{self, Connected};
 use crate::clock::{self, ClockEstimate};
-use crate::hlog::HlogWriter;
 use crate::merge::{Merger, VolumeInfo};
 use crate::results::{AgentResult, AgentState, Disconnection, PhaseResult, RunResults, RunStatus};
 use crate::timeline::{FaultWindow, VolumeModel};
@@ -134,7 +133,7 @@ pub async fn execute(
     spec: RunSpec,
     observer: &mut dyn RunObserver,
     mut stop: watch::Receiver<bool>,
-    hlog: &mut Option<HlogWriter<std::io::BufWriter<std::fs::File>>>,
+    hlog: &mut Option<crate::hlog::RunLog>,
 ) -> Result<RunOutput, RunError> {
     let interval_ms = spec.interval.as_millis().max(1) as u64;
     observer.message(&format!("connecting to {} agents", spec.agents.len()));
@@ -697,7 +696,7 @@ fn code_name(c: tonic::Code) -> &'static str {
 }
 
 fn write_hlog(
-    h: &mut HlogWriter<std::io::BufWriter<std::fs::File>>,
+    h: &mut crate::hlog::RunLog,
     node: &str,
     index: u64,
     interval_ms: u64,

@@ -43,11 +43,7 @@ pub fn write_all_or_name_failures(dir: &Path, files: &[(&str, Vec<u8>)]) -> std:
         let path = dir.join(name);
         if let Err(e) = write_atomically(&path, bytes) {
             kind = e.kind();
-            failed.push(format!(
-                "{}: {e}{}",
-                path.display(),
-                lockstep_agent::layout::io_hint(&e)
-            ));
+            failed.push(format!("{}: {e}", path.display()));
         }
     }
     if failed.is_empty() {
