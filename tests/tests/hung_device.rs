@@ -22,9 +22,11 @@ struct Fuse {
 impl Fuse {
     fn mount(src: &Path, mnt: &Path) -> Result<Fuse, String> {
         if !Path::new("/dev/fuse").exists() {
-            return Err("no /dev/fuse on this machine: load the fuse module (modprobe fuse) or, \
+            return Err(
+                "no /dev/fuse on this machine: load the fuse module (modprobe fuse) or, \
                         in a container, pass --device /dev/fuse --cap-add SYS_ADMIN"
-                .into());
+                    .into(),
+            );
         }
         let server = Command::new("bindfs")
             .arg("-f")
@@ -55,9 +57,11 @@ impl Fuse {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err("bindfs did not mount within 10 s: run the tests as root (mounting FUSE needs it \
+        Err(
+            "bindfs did not mount within 10 s: run the tests as root (mounting FUSE needs it \
              here) with fuse3 installed (apt-get install fuse3; scripts/setup.sh does)"
-            .into())
+                .into(),
+        )
     }
 
     fn signal(&self, sig: i32) {
