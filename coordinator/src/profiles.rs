@@ -1,4 +1,5 @@
-//! Built-in workload profiles: the workloads of the source stories (`seeds/`), as fio job text.
+//! Built-in workload profiles: the workloads of the field scenarios
+//! (docs/domain.md#field-scenarios), as fio job text.
 //!
 //! A plan's role says `workload = { profile = "oltp-8k" }` instead of carrying a job file. Each
 //! profile is ordinary fio job text, so `lockstep profiles` output (or this file) can be copied

@@ -1,5 +1,5 @@
-//! Sweep mode: latency against outstanding IOs (the "latency vs threads" relationship of
-//! seeds/004).
+//! Sweep mode: latency against outstanding IOs (the "latency vs threads" relationship:
+//! docs/domain.md#latency-vs-threads).
 //!
 //! A role with `depth_sweep = [1, 2, 4, 8, 16, 32]` makes `lockstep run` run the plan once per
 //! value on the same agents, closed loop, with every job of the role's workload at that iodepth
@@ -475,7 +475,8 @@ mod tests {
 
     #[test]
     fn the_seeds_ssd_saturates_at_one_thread_and_the_array_scales() {
-        // seeds/004, vdbench threads 1, 2, 4, 16: the single SSD, then the XtremIO array.
+        // docs/domain.md#latency-vs-threads, vdbench threads 1, 2, 4, 16: the single SSD, then
+        // the XtremIO array.
         let ssd = points(&[
             (1, 3192.92, 0.310),
             (2, 3305.57, 0.602),

@@ -21,7 +21,8 @@ pub struct Timeline {
     pub faults: Vec<FaultWindow>,
 }
 
-/// What the plan or the agent says a volume is (PRODUCT.md: volume metadata).
+/// What the plan or the agent says a volume is: the agent's `--volume NAME=PATH,size=..,kind=..`
+/// metadata or a plan's `ebs` fault (docs/plan.md, "Agents" and "Faults").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VolumeModel {
     /// gp2, gp3, io1, io2, st1, sc1, local, or empty when unknown.

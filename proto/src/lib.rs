@@ -2,7 +2,7 @@
 //!
 //! - `v1`: the generated gRPC types and service stubs (from `proto/lockstep.proto`);
 //! - `histogram`: HdrHistogram V2 + deflate encoding, the only way latencies cross the wire, so
-//!   the coordinator can merge them exactly (PRODUCT.md, measurement rule 1);
+//!   the coordinator can merge them exactly (docs/domain.md#measurement-rules, rule 1);
 //! - `PROTOCOL_VERSION`: checked on every call; a mismatch is refused with a clear message.
 
 pub mod histogram;

@@ -4,7 +4,8 @@
 //! Everything is counted in *units*: an SSD volume (gp2, gp3, io1, io2) counts an IO of up to
 //! 256 KiB as one IO and a larger one as `ceil(len / 256 KiB)` IOs (EBS's 256 KiB capacity
 //! units); an HDD volume (st1, sc1) counts throughput in 1 MiB units and charges an IO of up to
-//! 1 MiB as a full MiB, which is why small random IO on st1 crawls (seed 000: 130 IOPS at 4 KiB).
+//! 1 MiB as a full MiB, which is why small random IO on st1 crawls (130 IOPS at 4 KiB in
+//! docs/domain.md#st1-throughput-credits; the numbers and their sources: docs/domain.md).
 //! A model is three token buckets an IO must all pass:
 //! - the burst ceiling, in units per second (gp2: 3,000 IOPS; st1: 250 MiB/s per TiB up to 500);
 //! - the credit bucket (gp2, st1, sc1 only): every unit spends one credit, credits refill at the
@@ -390,7 +391,8 @@ mod tests {
         assert_eq!(big.burst_duration_s(), None);
     }
 
-    /// The Tableau story, 60x faster: 60 GiB gp2 driven at 3,000 IOPS empties its bucket after
+    /// The gp2 field scenario (docs/domain.md#gp2-credit-exhaustion), 60x faster: 60 GiB gp2
+    /// driven at 3,000 IOPS empties its bucket after
     /// 5.4M / (3,000 − 180) / 60 ≈ 31.9 s, then holds 180 IOPS.
     #[test]
     fn gp2_60gib_at_3000_iops_scaled_60x_empties_on_time_then_holds_baseline() {
@@ -477,7 +479,8 @@ mod tests {
 
     #[test]
     fn st1_small_ios_cost_a_full_mib() {
-        // 500 GiB st1 (seed 000): burst 250 × 500/1024 ≈ 122 MiB/s, so ≈ 122 IOs/s at 4 KiB.
+        // 500 GiB st1 (docs/domain.md#st1-throughput-credits): burst 250 × 500/1024 ≈ 122 MiB/s,
+        // so ≈ 122 IOs/s at 4 KiB.
         let m = EbsModel::new(VolumeType::St1, 500, None, None);
         assert_eq!(m.io_units(4096), 1);
         assert_eq!(m.io_units(MIB), 1);

@@ -1,10 +1,11 @@
 //! Burst-credit models of the EBS volume kinds that can run out of credits (gp2, st1, sc1), with
-//! the numbers of PRODUCT.md ("Domain numbers"), and the forecast of when a volume's credits run
-//! out at its measured demand.
+//! the numbers and sources of docs/domain.md (#gp2, #st1-sc1), and the forecast of when a
+//! volume's credits run out at its measured demand.
 //!
-//! The forecast is what turns the Tableau story (seeds/001) from a post-mortem into a warning: a
-//! 60 GiB gp2 volume doing 3,000 IOPS drains its 5.4M credits at 3,000 - 180 per second and hits
-//! its 180 IOPS baseline after 5.4M / 2,820 = 1,914.9 s, whatever its peers do.
+//! The forecast is what turns the gp2 field scenario (docs/domain.md#gp2-credit-exhaustion)
+//! from a post-mortem into a warning: a 60 GiB gp2 volume doing 3,000 IOPS drains its 5.4M
+//! credits at 3,000 - 180 per second and hits its 180 IOPS baseline after 5.4M / 2,820 =
+//! 1,914.9 s, whatever its peers do.
 
 use serde::{Deserialize, Serialize};
 

@@ -2,8 +2,9 @@
 //! holding the cluster back, when it began, what kind of limit it is and what it costs, or says
 //! honestly that there is none, or that the slowdown is node- or cluster-wide.
 //!
-//! How (PRODUCT.md, "Finding the chokepoint"; Perseus FAST'23 and Cruise Control's
-//! SlowBrokerFinder):
+//! How (docs/chokepoint.md, "How it decides"; the sources and their thresholds, Perseus FAST '23,
+//! the Tail at Store FAST '16 and Cruise Control's SlowBrokerFinder, are in
+//! docs/domain.md#fail-slow):
 //! 1. Peers are the volumes of the same role (same workload). Per interval and role the finder
 //!    takes robust statistics of latency, IOPS and queue depth (median, median without the
 //!    volume itself, MAD in the log domain).
@@ -46,8 +47,9 @@ use stats::{Center, MAD_TO_SIGMA};
 #[serde(default)]
 pub struct AnalysisOptions {
     /// Flag an interval whose latency (normalized by throughput) exceeds this multiple of the
-    /// peers' median. 5x is SlowBrokerFinder's peer rule: far above interval-to-interval noise
-    /// and the spread between healthy volumes of one type (rarely beyond 1.5x).
+    /// peers' median. 5x, stricter than SlowBrokerFinder's default peer margin of 3x
+    /// (docs/domain.md#fail-slow): far above interval-to-interval noise and the spread between
+    /// healthy volumes of one type (rarely beyond 1.5x).
     pub peer_latency_factor: f64,
     /// Flag an interval whose IOPS are below this fraction of the peers' median while the volume
     /// has IOs queued. A closed-loop volume shows a throttle as lost IOPS as much as added
@@ -73,7 +75,7 @@ pub struct AnalysisOptions {
     pub persistence: u32,
     /// More than this fraction of a role degraded in the same interval (and at least 2 volumes;
     /// degraded is half-way, geometrically, to flagged) is a cluster-wide event, not one
-    /// volume: a third, as PRODUCT.md suggests.
+    /// volume: a third, lockstep's own choice (docs/domain.md#fail-slow).
     pub cluster_fraction: f64,
     /// A role whose median latency exceeds this multiple of its own history median is slowed
     /// cluster-wide even when no single volume crosses its own 3x rule (a role median is far
@@ -91,7 +93,7 @@ pub struct AnalysisOptions {
     /// requires them to be sustained.
     pub error_fraction: f64,
     /// The load generator is the limit when closed-loop volumes keep on average fewer than this
-    /// fraction of their configured depth in flight (PRODUCT.md, measurement rule 4).
+    /// fraction of their configured depth in flight (Little's law: docs/domain.md#littles-law).
     pub load_generator_fraction: f64,
     /// Intervals after the one that made a volume a suspect that the onset search still looks
     /// at (it looks back to the volume's previous episode), and for a cluster-wide episode,
@@ -132,8 +134,8 @@ impl Default for AnalysisOptions {
     }
 }
 
-/// The emulation time scale of one volume's model (PRODUCT.md: a 30-minute credit drain shown
-/// in 30 s is a time scale of 60).
+/// The emulation time scale of one volume's model (docs/domain.md#time-scale: a 30-minute
+/// credit drain shown in 30 s is a time scale of 60).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeTimeScale {
     pub node: String,

@@ -1,6 +1,7 @@
-//! The chokepoint section of the text report: one sentence a person can act on (PRODUCT.md's
-//! "node worker-1, volume /data (60 GiB gp2): IOPS pinned at 180 from t=7h52m, ..."), then the
-//! evidence figures behind it and the credit forecasts.
+//! The chokepoint section of the text report: one sentence a person can act on
+//! (docs/chokepoint.md, "Reading the verdict": "node agent-3, volume data (60 GiB gp2): IOPS
+//! pinned at 180 from t=20s, ..."), then the evidence figures behind it and the credit
+//! forecasts.
 
 use std::fmt::Write;
 

@@ -1,6 +1,5 @@
 //! Plans: which workload runs on which volumes of which agents, for how long, against which
-//! objectives and with which faults injected (PRODUCT.md, "plan"). The format is documented in
-//! `docs/plan.md`.
+//! objectives and with which faults injected. The format is documented in `docs/plan.md`.
 //!
 //! Two steps, both pure (the only IO is reading the plan and the job files it names):
 //! - `load` / `parse`: TOML into a typed, validated `Plan`. Every workload is turned into fio job
@@ -232,7 +231,7 @@ pub const MAX_SWEEP_STEPS: usize = 20;
 /// A role's `depth_sweep` (with `sweep_over`): the values to run the role's workload at, one
 /// complete closed-loop run each. With a fixed number of IOs in flight, IOPS = outstanding /
 /// latency (Little's law), so the sweep shows where more outstanding IOs stop buying IOPS and
-/// only queue (seeds/004).
+/// only queue (docs/domain.md#latency-vs-threads).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DepthSweep {
     pub over: SweepOver,
