@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -558,26 +558,49 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
         path: p.clone(),
         source,
     })?;
-    let mut r = BufReader::new(f);
-    let mut line = String::new();
-    r.read_line(&mut line).map_err(|source| StateError::Io {
+    let meta = f.metadata().map_err(|source| StateError::Io {
         path: p.clone(),
         source,
     })?;
+    if !meta.is_file() {
+        return Err(fmt("not a regular file".into()));
+    }
+    let mut r = BufReader::new(f);
+    let mut line = String::new();
+    // The two header lines are short; a file that is not a state file (or `/dev/zero` behind a
+    // link) must not be read whole looking for a newline.
+    const HEADER_LIMIT: u64 = 1 << 20;
+    (&mut r)
+        .take(HEADER_LIMIT)
+        .read_line(&mut line)
+        .map_err(|source| StateError::Io {
+            path: p.clone(),
+            source,
+        })?;
     if line.trim_end() != STATE_VERSION {
         return Err(fmt(format!("first line is not '{STATE_VERSION}'")));
     }
     line.clear();
-    r.read_line(&mut line).map_err(|source| StateError::Io {
-        path: p.clone(),
-        source,
-    })?;
+    (&mut r)
+        .take(HEADER_LIMIT)
+        .read_line(&mut line)
+        .map_err(|source| StateError::Io {
+            path: p.clone(),
+            source,
+        })?;
+    let records = meta.len().saturating_sub(r.stream_position().unwrap_or(0) as u64) / 25;
     let h: StateHeader = serde_json::from_str(&line).map_err(|e| fmt(format!("header: {e}")))?;
     let mut state = VerifyState {
         seed: h.seed,
         dropped_writes: h.dropped_writes,
         ..Default::default()
     };
+    if h.blocks > records {
+        return Err(fmt(format!(
+            "the header promises {} records and the file holds {records}",
+            h.blocks
+        )));
+    }
     let mut rec = [0u8; 25];
     for i in 0..h.blocks {
         r.read_exact(&mut rec)
@@ -944,6 +967,19 @@ mod tests {
         save(&Scope::Named, &sp, "j", 0, &names, &s).unwrap();
         let r = verify_saved(&sp).unwrap();
         assert_eq!((r.good, r.lost, r.stale), (4, 1, 1), "{r:?}");
+    }
+
+    #[test]
+    fn hostile_state_files_are_refused_without_reading_them_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let sp = dir.path().join("j.0.verify-state");
+        let header = r#"{"job":"j","clone":0,"seed":1,"files":["x"],"blocks":1000000000000,"dropped_writes":0,"checkpoint":false}"#;
+        std::fs::write(&sp, format!("{STATE_VERSION}\n{header}\n")).unwrap();
+        let e = load(&sp).err().unwrap().to_string();
+        assert!(e.contains("promises 1000000000000 records"), "{e}");
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("z")).unwrap();
+        let e = load(&dir.path().join("z")).err().unwrap().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

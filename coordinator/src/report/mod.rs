@@ -67,6 +67,13 @@ pub fn check_writable(dir: &Path) -> std::io::Result<()> {
 /// Reads a finished run's results.json.
 pub fn read_run_dir(dir: &Path) -> Result<RunResults, String> {
     let path = dir.join("results.json");
+    match std::fs::metadata(&path) {
+        Ok(m) if !m.is_file() => {
+            return Err(format!("{}: not a regular file", path.display()));
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Ok(_) => {}
+    }
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a lockstep results file: {e}", path.display()))
