@@ -58,7 +58,10 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
         allow_block_devices: args.allow_block_devices,
         keep_files: args.keep_files,
         stop: stop.clone(),
-        layout_progress: Box::new(LayoutBar::new(visible)),
+        layout_progress: Box::new(progress::Stoppable {
+            inner: LayoutBar::new(visible),
+            stop: stop.clone(),
+        }),
         ..RunOptions::default()
     };
     let done = Arc::new(AtomicBool::new(false));
