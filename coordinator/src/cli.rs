@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::sync::watch;
 
 use crate::chokepoint::{self, AnalysisOptions, Verdict};
 use crate::hlog::HlogWriter;
@@ -42,11 +41,15 @@ pub struct RunArgs {
     pub etcd_prefix: String,
 }
 
-/// Exit codes: 0 all good; 1 an objective failed, verification found a lost, stale or corrupted
-/// block, or a chokepoint with --fail-on-chokepoint;
-/// 2 the run could not be done (bad plan, unreachable agent); 130 stopped with Ctrl-C.
+/// Exit codes (the table is in docs/exit-codes.md): 0 all good; 1 an objective failed (including
+/// one that could not be judged because data it covers is missing: a lost agent, missing
+/// intervals, stuck IOs, a verification that could not run), verification found a lost, stale
+/// or corrupted block, or a chokepoint with --fail-on-chokepoint; 2 the run could not be done
+/// (bad plan, unreachable agent); 130 stopped with Ctrl-C (SIGINT); 143 stopped with SIGTERM.
+/// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub const EXIT_INTERRUPTED: u8 = 130;
+pub const EXIT_TERMINATED: u8 = 143;
 
 fn default_output(plan: &Plan) -> PathBuf {
     let secs = std::time::SystemTime::now()
@@ -423,6 +426,8 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    // Before any agent starts: a stop during their start or layout is an orderly one too.
+    crate::signals::install();
     let mut local = None;
     let (infos, token) = if let Some(n) = args.local {
         anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
@@ -507,12 +512,7 @@ pub(crate) async fn run_resolved(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "run".into());
     let spec = run_spec(&run_id, &assignment, args.keep_files, token);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop_tx.send(true);
-        }
-    });
+    let stop_rx = crate::signals::watch();
     let hlog_path = out_dir.join("intervals.hlog");
     let file = std::fs::File::create(&hlog_path)
         .with_context(|| format!("creating {}", hlog_path.display()))?;
@@ -598,12 +598,17 @@ pub(crate) async fn run_resolved(
 
 fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {
     if r.status == RunStatus::Aborted {
-        ExitCode::from(EXIT_INTERRUPTED)
+        ExitCode::from(interrupted_code())
     } else if r.objectives_failed() || r.verify_failed() || chokepoint_fails {
         ExitCode::from(EXIT_OBJECTIVE)
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The exit code of a stopped run: 143 when SIGTERM stopped it, else 130 (Ctrl-C).
+pub fn interrupted_code() -> u8 {
+    crate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
 }
 
 /// `lockstep report DIR`: re-renders a finished run.

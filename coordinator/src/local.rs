@@ -2,8 +2,18 @@
 //! volume "data". The embedded default for trying lockstep with no infrastructure.
 //!
 //! Children are started with a token only they and we know, listen on 127.0.0.1 port 0 and
-//! print their address; they are killed if the coordinator goes away (kill on drop, and each
-//! agent stops its own IO after its grace period when its coordinator disappears).
+//! print their address. They live exactly as long as the coordinator, however it ends:
+//!
+//! - each child's standard input is a pipe whose write end only this process holds (Rust opens
+//!   it close-on-exec, so no other child inherits it), and the child runs with
+//!   `--exit-with-stdin`: when this process exits, by SIGKILL or a crash included, the kernel
+//!   closes the pipe, the agent reads its end, stops its layout or run, removes its files and
+//!   exits. PR_SET_PDEATHSIG was the alternative, but it fires when the *thread* that forked
+//!   exits (here a tokio worker, not the process) and needs a getppid() check against the race
+//!   with our own death; a pipe has neither problem;
+//! - each child is in a process group of its own, so a Ctrl-C at the terminal reaches only the
+//!   coordinator, which aborts the run in order (partial results) and then stops the agents;
+//! - a clean end kills them (kill on drop too).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -32,6 +42,8 @@ pub struct LocalAgent {
     pub address: String,
     pub dir: PathBuf,
     child: Child,
+    /// The write end of the child's standard input, never written: it closes when we exit.
+    _lifeline: Option<tokio::process::ChildStdin>,
 }
 
 pub struct LocalCluster {
@@ -91,8 +103,10 @@ impl LocalCluster {
                 .args(["--label", &format!("node={name}")])
                 .args(["--grace", &format!("{}ms", grace.as_millis())])
                 .args(allow_exec.then_some("--allow-exec"))
+                .arg("--exit-with-stdin")
                 .env("LOCKSTEP_TOKEN", &token)
-                .stdin(Stdio::null())
+                .stdin(Stdio::piped())
+                .process_group(0)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
@@ -101,6 +115,7 @@ impl LocalCluster {
                     name: name.clone(),
                     message: format!("{}: {e}", bin.display()),
                 })?;
+            let lifeline = child.stdin.take();
             let stdout = child.stdout.take().expect("piped stdout");
             let mut lines = BufReader::new(stdout).lines();
             let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
@@ -132,6 +147,7 @@ impl LocalCluster {
                 address,
                 dir,
                 child,
+                _lifeline: lifeline,
             });
         }
         Ok(LocalCluster {

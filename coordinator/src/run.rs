@@ -133,7 +133,7 @@ pub struct RunOutput {
 pub async fn execute(
     spec: RunSpec,
     observer: &mut dyn RunObserver,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<crate::signals::Stop>>,
     hlog: &mut Option<HlogWriter<std::io::BufWriter<std::fs::File>>>,
 ) -> Result<RunOutput, RunError> {
     let interval_ms = spec.interval.as_millis().max(1) as u64;
@@ -227,58 +227,27 @@ pub async fn execute(
             live.len()
         ));
         let run_id = spec.run_id.clone();
-        let mut prepared = Vec::new();
-        let mut refusal = None;
-        {
-            let calls = live.iter().map(|&i| {
-                let mut client = agents[i].conn.client.clone();
-                let work = &spec.agents[i];
-                let req = PrepareRequest {
-                    protocol_version: PROTOCOL_VERSION,
-                    run_id: run_id.clone(),
-                    work: work
-                        .volumes
-                        .iter()
-                        .map(|v| {
-                            let mut overrides: std::collections::HashMap<String, String> =
-                                v.overrides.clone().into_iter().collect();
-                            overrides.insert(
-                                "runtime".into(),
-                                format!("{}ms", phase.duration.as_millis()),
-                            );
-                            overrides.insert("time_based".into(), "1".into());
-                            WireVolumeWork {
-                                volume: v.volume.clone(),
-                                role: v.role.clone(),
-                                jobfile: v.jobfile.clone(),
-                                overrides,
-                                faults_json: v.faults_json.clone(),
-                            }
-                        })
-                        .collect(),
-                    interval_ms,
-                    keep_files: spec.keep_files,
-                };
-                async move { (i, client.prepare(req).await) }
-            });
-            for (i, r) in futures_join(calls).await {
-                match r {
-                    Ok(reply) if reply.get_ref().error.is_empty() => prepared.push(i),
-                    Ok(reply) => {
-                        refusal.get_or_insert(RunError::Prepare {
-                            agent: agents[i].conn.name.clone(),
-                            message: reply.into_inner().error,
-                        });
-                    }
-                    Err(s) => {
-                        refusal.get_or_insert(RunError::Prepare {
-                            agent: agents[i].conn.name.clone(),
-                            message: agents[i].conn.err(s).to_string(),
-                        });
-                    }
+        // A stop during the layout (which can take minutes) aborts it on every agent: each
+        // stops between chunks, removes what it laid out and answers.
+        let (prepared, refusal) = {
+            let layout = prepare_all(&agents, &live, &spec, interval_ms, phase.duration);
+            tokio::pin!(layout);
+            tokio::select! {
+                biased;
+                r = stop.wait_for(|s| s.is_some()) => {
+                    let why = r.ok().and_then(|s| *s).map_or("a stop request", |s| s.describe());
+                    aborted = true;
+                    status_reason = format!("stopped by {why} during the layout");
+                    observer.message(
+                        "stopping during the layout: telling every agent to abort (nothing ran)",
+                    );
+                    abort_all(&agents, &live, &run_id, "stopped by the user").await;
+                    let _ = tokio::time::timeout(Duration::from_secs(3), &mut layout).await;
+                    (Vec::new(), None)
                 }
+                r = &mut layout => r,
             }
-        }
+        };
         if let Some(e) = refusal {
             abort_all(
                 &agents,
@@ -462,9 +431,10 @@ pub async fn execute(
                         break;
                     }
                 }
-                _ = stop.changed(), if !aborted => {
+                r = stop.wait_for(|s| s.is_some()), if !aborted => {
+                    let why = r.ok().and_then(|s| *s).map_or("a stop request", |s| s.describe());
                     aborted = true;
-                    status_reason = "stopped by the user (Ctrl-C)".into();
+                    status_reason = format!("stopped by {why}");
                     observer.message("stopping: telling every agent to abort (partial results are kept)");
                     abort_all(&agents, &prepared, &run_id, "stopped by the user").await;
                     abort_deadline = Some(Instant::now() + Duration::from_secs(10));
@@ -573,6 +543,65 @@ pub async fn execute(
         series: None,
     };
     Ok(RunOutput { results, finals })
+}
+
+/// Prepares every agent of `live` (checks its work and lays out its files): the agents that
+/// prepared, and the first refusal.
+async fn prepare_all(
+    agents: &[AgentRun],
+    live: &[usize],
+    spec: &RunSpec,
+    interval_ms: u64,
+    duration: Duration,
+) -> (Vec<usize>, Option<RunError>) {
+    let mut prepared = Vec::new();
+    let mut refusal = None;
+    let calls = live.iter().map(|&i| {
+        let mut client = agents[i].conn.client.clone();
+        let work = &spec.agents[i];
+        let req = PrepareRequest {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: spec.run_id.clone(),
+            work: work
+                .volumes
+                .iter()
+                .map(|v| {
+                    let mut overrides: std::collections::HashMap<String, String> =
+                        v.overrides.clone().into_iter().collect();
+                    overrides.insert("runtime".into(), format!("{}ms", duration.as_millis()));
+                    overrides.insert("time_based".into(), "1".into());
+                    WireVolumeWork {
+                        volume: v.volume.clone(),
+                        role: v.role.clone(),
+                        jobfile: v.jobfile.clone(),
+                        overrides,
+                        faults_json: v.faults_json.clone(),
+                    }
+                })
+                .collect(),
+            interval_ms,
+            keep_files: spec.keep_files,
+        };
+        async move { (i, client.prepare(req).await) }
+    });
+    for (i, r) in futures_join(calls).await {
+        match r {
+            Ok(reply) if reply.get_ref().error.is_empty() => prepared.push(i),
+            Ok(reply) => {
+                refusal.get_or_insert(RunError::Prepare {
+                    agent: agents[i].conn.name.clone(),
+                    message: reply.into_inner().error,
+                });
+            }
+            Err(s) => {
+                refusal.get_or_insert(RunError::Prepare {
+                    agent: agents[i].conn.name.clone(),
+                    message: agents[i].conn.err(s).to_string(),
+                });
+            }
+        }
+    }
+    (prepared, refusal)
 }
 
 /// Reads an agent's event stream to the end; when it breaks before the final result, tries to
