@@ -291,9 +291,26 @@ pub fn forecast_before_cliff(
     })
 }
 
-/// Evaluates the plan's objectives on the results (latency from merged histograms).
+/// Evaluates the plan's objectives on the results (latency from merged histograms). An
+/// objective fails on every volume, node or cluster it covers whose data is incomplete (see
+/// `results::incomplete_volumes`), with the reason: what was not measured cannot pass.
+/// Expects the stuck IOs and verification results already collected into `r`.
 pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
     use crate::plan::{Metric, Scope};
+    let gaps = crate::results::incomplete_volumes(r);
+    let gaps_of = |pick: &dyn Fn(&str, &str) -> bool| -> Vec<String> {
+        gaps.iter()
+            .filter(|((n, v), _)| pick(n, v))
+            .flat_map(|((n, v), why)| why.iter().map(move |w| format!("{n}/{v}: {w}")))
+            .collect()
+    };
+    let role_of = |node: &str, volume: &str| -> String {
+        r.volumes
+            .iter()
+            .find(|v| v.node == node && v.volume == volume)
+            .map(|v| v.role.clone())
+            .unwrap_or_default()
+    };
     let lat_value = |s: &crate::results::Summary,
                      dir: Option<lockstep_agent::job::Direction>,
                      m: Metric|
@@ -354,7 +371,9 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
         .iter()
         .map(|o| {
             let in_role = |role: &str| o.role.as_deref().is_none_or(|r| r == role);
-            let mut failures = Vec::new();
+            // Incomplete data first, whatever the scope (a node or the cluster with a volume
+            // missing is incomplete too): the figures below are judged on what is left.
+            let mut failures = gaps_of(&|n, v| in_role(&role_of(n, v)));
             let mut check =
                 |who: String,
                  summary: &crate::results::Summary,
@@ -542,8 +561,8 @@ pub(crate) async fn run_resolved(
     }
     let output = outcome?;
     let mut results = output.results;
-    results.objectives = evaluate_objectives(&assignment, &results);
     crate::drill::collect_finals(&mut results, &output.finals);
+    results.objectives = evaluate_objectives(&assignment, &results);
     let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
     let text = chokepoint::render_text(&analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));

@@ -302,3 +302,104 @@ impl RunResults {
         self.verify.iter().any(|v| v.report.bad() > 0)
     }
 }
+
+/// Why a volume's figures are incomplete, keyed by (node, volume): its agent was lost or never
+/// started, intervals other volumes reported are missing from it, IOs got stuck, or its
+/// verification could not run in full. An objective cannot pass on data that is not there, so
+/// every objective that covers such a volume fails with these reasons.
+pub fn incomplete_volumes(r: &RunResults) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    for v in &r.volumes {
+        let key = (v.node.clone(), v.volume.clone());
+        match r.agents.iter().find(|a| a.name == v.node).map(|a| &a.state) {
+            Some(AgentState::Lost { at_ms, .. }) => out
+                .entry(key.clone())
+                .or_default()
+                .push(format!("{} lost: no data after t={}", v.node, secs(*at_ms))),
+            Some(AgentState::Failed { reason }) => out
+                .entry(key.clone())
+                .or_default()
+                .push(format!("{} failed: {reason}", v.node)),
+            _ => {
+                if let Some(at) = v.lost_at_ms {
+                    out.entry(key.clone()).or_default().push(format!(
+                        "{} lost: no data after t={}",
+                        v.node,
+                        secs(at)
+                    ));
+                }
+            }
+        }
+    }
+    for (key, why) in missing_intervals(&r.timeline) {
+        out.entry(key).or_default().push(why);
+    }
+    for s in &r.stuck_ios {
+        let key = (s.node.clone(), s.volume.clone());
+        let n = r
+            .stuck_ios
+            .iter()
+            .filter(|o| o.node == s.node && o.volume == s.volume)
+            .count();
+        let reasons = out.entry(key).or_default();
+        if !reasons.iter().any(|w| w.contains("stuck")) {
+            let in_flight = r
+                .stuck_ios
+                .iter()
+                .filter(|o| o.node == s.node && o.volume == s.volume && !o.completed)
+                .count();
+            reasons.push(format!(
+                "{n} stuck IO(s) (slower than the stuck timeout), {in_flight} never completed, the first issued at t={}",
+                secs(s.start_ms)
+            ));
+        }
+    }
+    for v in r.verify.iter().filter(|v| !v.report.errors.is_empty()) {
+        out.entry((v.node.clone(), v.volume.clone()))
+            .or_default()
+            .push(format!(
+                "verification could not run in full: {}",
+                v.report.errors.join("; ")
+            ));
+    }
+    out
+}
+
+/// Intervals a volume did not report while others did. A volume whose agent was lost is only
+/// checked up to the loss (the loss itself is its reason). An interval that every volume
+/// reported short (the run's last, cut at the end) is not expected of all.
+fn missing_intervals(t: &Timeline) -> Vec<((String, String), String)> {
+    let iv = t.interval_ms.max(1);
+    let index = |t_ms: u64| (t_ms + iv / 2) / iv;
+    let mut full: std::collections::BTreeSet<u64> = Default::default();
+    for s in &t.volumes {
+        for p in s.points.iter().filter(|p| p.len_ms * 10 >= iv * 9) {
+            full.insert(index(p.t_ms));
+        }
+    }
+    let mut out = Vec::new();
+    for s in &t.volumes {
+        let have: std::collections::BTreeSet<u64> =
+            s.points.iter().map(|p| index(p.t_ms)).collect();
+        // Up to the interval before the loss: the one in flight at the loss may be gone.
+        let until = s.lost_at_ms.map_or(u64::MAX, |ms| ms / iv);
+        let missing: Vec<u64> = full
+            .iter()
+            .copied()
+            .filter(|i| *i < until && !have.contains(i))
+            .collect();
+        if let Some(first) = missing.first() {
+            out.push((
+                (s.node.clone(), s.volume.clone()),
+                format!(
+                    "{} of {} intervals missing, the first ending at t={:.1} s",
+                    missing.len(),
+                    full.len(),
+                    (first * iv) as f64 / 1000.0
+                ),
+            ));
+        }
+    }
+    out
+}
