@@ -403,3 +403,109 @@ fn missing_intervals(t: &Timeline) -> Vec<((String, String), String)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeline::{VolumePoint, VolumeSeries};
+
+    fn results(nodes: &[&str]) -> RunResults {
+        let summary = serde_json::to_value(Summary::default()).unwrap();
+        let volumes: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({"node": n, "volume": "data", "role": "w", "summary": summary,
+                    "outstanding_mean": 1.0, "configured_depth": 1})
+            })
+            .collect();
+        let mut r: RunResults = serde_json::from_value(serde_json::json!({
+            "lockstep_version": "0", "run_id": "r", "plan": "p", "status": "completed",
+            "start_unix_ms": 0, "duration_ms": 4000, "interval_ms": 1000, "phases": [],
+            "agents": [], "start_skew_ns": null, "cluster": summary, "nodes": [],
+            "volumes": volumes, "cluster_timeline": [], "objectives": [],
+        }))
+        .unwrap();
+        r.timeline.interval_ms = 1000;
+        for n in nodes {
+            r.timeline.volumes.push(VolumeSeries {
+                node: n.to_string(),
+                volume: "data".into(),
+                role: "w".into(),
+                model: None,
+                configured_depth: 1,
+                target_iops: None,
+                lost_at_ms: None,
+                // Four full intervals and the short one at the end.
+                points: [1000, 2000, 3000, 4000, 4030]
+                    .iter()
+                    .map(|&t| VolumePoint {
+                        t_ms: t,
+                        len_ms: if t == 4030 { 30 } else { 1000 },
+                        ..Default::default()
+                    })
+                    .collect(),
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn a_complete_run_has_no_gaps_even_when_only_some_volumes_report_the_short_last_interval() {
+        let mut r = results(&["a", "b"]);
+        r.timeline.volumes[1].points.pop();
+        assert!(incomplete_volumes(&r).is_empty());
+    }
+
+    #[test]
+    fn missing_intervals_stuck_ios_and_an_unfinished_verification_are_gaps() {
+        let mut r = results(&["a", "b", "c"]);
+        r.timeline.volumes[0].points.remove(1);
+        r.stuck_ios.push(StuckIoResult {
+            node: "b".into(),
+            volume: "data".into(),
+            file: "f".into(),
+            offset: 0,
+            len: 4096,
+            direction: "write".into(),
+            start_ms: 1500,
+            latency_ms: 6000,
+            completed: false,
+        });
+        r.verify.push(VolumeVerify {
+            node: "c".into(),
+            volume: "data".into(),
+            report: lockstep_agent::verify::VerifyReport {
+                errors: vec!["stopped before verification".into()],
+                ..Default::default()
+            },
+        });
+        let gaps = incomplete_volumes(&r);
+        let of = |n: &str| gaps[&(n.to_string(), "data".to_string())].join(" | ");
+        assert!(
+            of("a").contains("1 of 4 intervals missing, the first ending at t=2.0 s"),
+            "{gaps:?}"
+        );
+        assert!(of("b").contains("1 stuck IO(s)"), "{gaps:?}");
+        assert!(of("b").contains("1 never completed"), "{gaps:?}");
+        assert!(of("c").contains("verification could not run"), "{gaps:?}");
+    }
+
+    #[test]
+    fn a_lost_agent_is_a_gap_from_the_loss_not_a_list_of_missing_intervals() {
+        let mut r = results(&["a", "b"]);
+        r.timeline.volumes[1].points.truncate(2);
+        r.timeline.volumes[1].lost_at_ms = Some(2700);
+        r.agents = serde_json::from_value(serde_json::json!([{
+            "name": "b", "address": "x", "hostname": "h", "version": "0",
+            "clock": {"offset_ns": 0, "rtt_ns": 1, "probes": 1},
+            "state": {"state": "lost", "at_ms": 2700, "reason": "killed"}
+        }]))
+        .unwrap();
+        let gaps = incomplete_volumes(&r);
+        assert_eq!(
+            gaps[&("b".to_string(), "data".to_string())],
+            vec!["b lost: no data after t=2.7 s".to_string()]
+        );
+        assert!(!gaps.contains_key(&("a".to_string(), "data".to_string())));
+    }
+}
