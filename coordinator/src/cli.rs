@@ -512,8 +512,10 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         run_resolved(&args, &plan, &infos, token, &out_dir).await
     };
     if let Some(c) = local {
+        tracing::debug!("stopping the local agents");
         c.shutdown(args.keep_files).await;
     }
+    tracing::debug!("run done");
     outcome
 }
 

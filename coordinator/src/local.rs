@@ -11,8 +11,11 @@
 //!   exits. PR_SET_PDEATHSIG was the alternative, but it fires when the *thread* that forked
 //!   exits (here a tokio worker, not the process) and needs a getppid() check against the race
 //!   with our own death; a pipe has neither problem;
-//! - each child is in a process group of its own, so a Ctrl-C at the terminal reaches only the
-//!   coordinator, which aborts the run in order (partial results) and then stops the agents;
+//! - each child is in a session of its own (setsid), so a Ctrl-C at the terminal reaches only
+//!   the coordinator, which aborts the run in order (partial results) and then stops the
+//!   agents; and where the kernel groups the scheduling by session (autogroup, the default of
+//!   desktop and many server kernels) the coordinator keeps its share of the CPU against
+//!   thousands of busy clone threads, instead of taking seconds to notice a signal;
 //! - a clean end kills them (kill on drop too).
 
 use std::path::{Path, PathBuf};
@@ -51,6 +54,9 @@ pub struct LocalCluster {
     pub token: String,
     root: PathBuf,
 }
+
+/// How long a shutdown waits for killed local agents to be gone.
+const REAP_WAIT: Duration = Duration::from_secs(1);
 
 /// The agent binary: `LOCKSTEP_AGENT_BIN`, or `lockstep-agent` beside this executable (cargo
 /// puts both in the same target directory; an install puts both in the same bin directory).
@@ -95,7 +101,17 @@ impl LocalCluster {
                 path: dir.clone(),
                 source,
             })?;
-            let mut child = Command::new(&bin)
+            let mut cmd = Command::new(&bin);
+            // SAFETY: setsid(2) is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = cmd
                 .arg("serve")
                 .args(["--listen", "127.0.0.1:0", "--name", &name])
                 .arg("--volume")
@@ -106,7 +122,6 @@ impl LocalCluster {
                 .arg("--exit-with-stdin")
                 .env("LOCKSTEP_TOKEN", &token)
                 .stdin(Stdio::piped())
-                .process_group(0)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
@@ -175,10 +190,27 @@ impl LocalCluster {
     /// e.g. to verify a killed agent's files from its checkpoint afterwards).
     pub async fn shutdown(mut self, keep: bool) {
         for a in &mut self.agents {
-            let _ = a.child.kill().await;
+            let _ = a.child.start_kill();
+        }
+        // SIGKILL is sent; waiting only reaps them. An agent with thousands of clones and
+        // gigabytes of histograms takes seconds to be torn down by the kernel, which it does
+        // whether we wait or not: bounded, so a stopped run ends promptly.
+        let reaped = tokio::time::timeout(REAP_WAIT, async {
+            for a in &mut self.agents {
+                let _ = a.child.wait().await;
+            }
+        })
+        .await;
+        match reaped {
+            Ok(()) => tracing::debug!("local agents reaped"),
+            Err(_) => {
+                tracing::debug!("local agents still exiting after {REAP_WAIT:?}; not waiting")
+            }
         }
         if !keep {
+            let t = std::time::Instant::now();
             let _ = std::fs::remove_dir_all(&self.root);
+            tracing::debug!("volumes removed in {:?}", t.elapsed());
         }
     }
 }

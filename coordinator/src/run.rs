@@ -102,6 +102,13 @@ enum Ev {
     Ended(usize, Option<String>),
 }
 
+/// How long a stopped run waits for the agents' final results after telling them to abort. The
+/// figures come from the intervals already streamed; a final result adds the per-job fio
+/// figures, stuck IOs and verification, and building it grows with the clone count (2,000
+/// clones' histograms take seconds), so the wait is bounded: whatever stops a run, the
+/// coordinator ends within a few seconds.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
+
 /// How long to keep trying to re-attach to an agent whose stream broke: as long as the agent
 /// itself keeps running without a coordinator (its grace period, 10 s when it does not say),
 /// plus a margin for the agent to notice.
@@ -419,25 +426,30 @@ pub async fn execute(
                             observer.message(&msg);
                         }
                     }
-                    if abort_deadline.is_some_and(|d| Instant::now() > d) {
-                        observer.message("agents did not answer the abort in time; giving up on them");
-                        for &i in &prepared {
-                            if !finished[i] {
-                                let at_ms = phase_t0.elapsed().as_millis() as u64;
-                                merger.mark_lost(&agents[i].conn.name, at_ms);
-                                agents[i].state = AgentState::Lost { at_ms, reason: "no answer to abort".into() };
-                            }
+                }
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(abort_deadline.unwrap_or_else(Instant::now))), if abort_deadline.is_some() => {
+                    let reason = format!(
+                        "no final result within {:.0} s of the abort: its figures end with its last interval",
+                        ABORT_WAIT.as_secs_f64()
+                    );
+                    for &i in &prepared {
+                        if !finished[i] {
+                            let at_ms = phase_t0.elapsed().as_millis() as u64;
+                            observer.message(&format!("agent {}: {reason}", agents[i].conn.name));
+                            merger.mark_lost(&agents[i].conn.name, at_ms);
+                            agents[i].state = AgentState::Lost { at_ms, reason: reason.clone() };
                         }
-                        break;
                     }
+                    break;
                 }
                 r = stop.wait_for(|s| s.is_some()), if !aborted => {
                     let why = r.ok().and_then(|s| *s).map_or("a stop request", |s| s.describe());
                     aborted = true;
                     status_reason = format!("stopped by {why}");
                     observer.message("stopping: telling every agent to abort (partial results are kept)");
+                    // Counted from the stop, not from the answers: a loaded agent is slow to answer.
+                    abort_deadline = Some(Instant::now() + ABORT_WAIT);
                     abort_all(&agents, &prepared, &run_id, "stopped by the user").await;
-                    abort_deadline = Some(Instant::now() + Duration::from_secs(10));
                 }
             }
         }

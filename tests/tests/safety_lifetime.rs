@@ -117,6 +117,42 @@ impl Drop for Reaper {
     }
 }
 
+/// `spawn_local`, with the coordinator's standard error copied to ours and kept (for waiting
+/// on a message).
+fn spawn_local_watched(
+    dir: &Path,
+    plan: &str,
+    n: usize,
+) -> (Proc, PathBuf, std::sync::Arc<Mutex<String>>) {
+    use std::io::BufRead;
+    let p = dir.join("plan.toml");
+    std::fs::write(&p, plan).unwrap();
+    let out = dir.join("run");
+    let mut child = Command::new(bin("lockstep"))
+        .args(["run", "--local", &n.to_string()])
+        .arg(&p)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running lockstep");
+    let said = std::sync::Arc::new(Mutex::new(String::new()));
+    let (err, keep) = (child.stderr.take().unwrap(), said.clone());
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("[{:7.3} s] {line}", t0.elapsed().as_secs_f64());
+            let mut k = keep.lock().unwrap();
+            k.push_str(&line);
+            k.push('\n');
+        }
+    });
+    (Proc(child), out, said)
+}
+
 /// `lockstep run --local N plan --output dir/run`, not waited for.
 fn spawn_local(dir: &Path, plan: &str, n: usize) -> (Proc, PathBuf) {
     let p = dir.join("plan.toml");
@@ -178,7 +214,8 @@ fn wait_mid_layout(out: &Path, full: u64) {
 fn wait_mid_run(out: &Path, agents: usize) {
     let vols = out.join("volumes");
     assert!(
-        wait_for(Duration::from_secs(20), || files_under(&vols).len() >= agents),
+        wait_for(Duration::from_secs(20), || files_under(&vols).len()
+            >= agents),
         "the agents never started under {}",
         vols.display()
     );
@@ -238,7 +275,11 @@ fn sigkill_coordinator(mid_layout: bool) {
     run.signal(libc::SIGKILL);
     let _ = run.0.wait();
     let died = Instant::now();
-    let what = if mid_layout { "SIGKILL mid-layout" } else { "SIGKILL mid-run" };
+    let what = if mid_layout {
+        "SIGKILL mid-layout"
+    } else {
+        "SIGKILL mid-run"
+    };
     assert_nothing_left(dir.path(), &before, died, what);
 }
 
@@ -272,9 +313,19 @@ fn sigterm_coordinator(mid_layout: bool) {
         run.0.try_wait().ok().flatten().is_some()
     });
     let took = t.elapsed();
-    let what = if mid_layout { "SIGTERM mid-layout" } else { "SIGTERM mid-run" };
-    println!("{what}: the coordinator ended {:.1} s after SIGTERM", took.as_secs_f64());
-    assert!(ended, "{what}: the coordinator was still running 10 s after SIGTERM");
+    let what = if mid_layout {
+        "SIGTERM mid-layout"
+    } else {
+        "SIGTERM mid-run"
+    };
+    println!(
+        "{what}: the coordinator ended {:.1} s after SIGTERM",
+        took.as_secs_f64()
+    );
+    assert!(
+        ended,
+        "{what}: the coordinator was still running 10 s after SIGTERM"
+    );
     let status = run.0.wait().unwrap();
     assert_eq!(status.code(), Some(143), "{what}: {status}");
     assert!(took < Duration::from_secs(5), "{what}: took {took:?}");
@@ -333,7 +384,10 @@ fn sigterm_to_a_daemon_agent_mid_layout_stops_it_and_removes_its_files() {
         "SIGTERM to an agent mid-layout: ended {ended} after {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    assert!(ended, "the agent ignored SIGTERM during the layout for 10 s");
+    assert!(
+        ended,
+        "the agent ignored SIGTERM during the layout for 10 s"
+    );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let files = files_under(&vol);
     assert!(files.is_empty(), "files left behind: {files:?}");
@@ -470,25 +524,43 @@ iodepth = 1
 size = "64k"
 numjobs = 2000
 "#;
-    let (mut run, out) = spawn_local(dir.path(), plan, 2);
+    let (mut run, out, said) = spawn_local_watched(dir.path(), plan, 2);
+    // Laying out 4,000 files with an fsync each takes from seconds to minutes.
     assert!(
-        wait_for(Duration::from_secs(60), || files_under(&out.join("volumes")).len() >= 4000),
-        "the clones never laid out their files"
+        wait_for(Duration::from_secs(300), || said
+            .lock()
+            .unwrap()
+            .contains("run: started")),
+        "the run never started"
     );
     std::thread::sleep(Duration::from_secs(4));
     let t = Instant::now();
+    eprintln!("SIGINT sent");
     run.signal(libc::SIGINT);
-    let ended = wait_for(Duration::from_secs(60), || {
-        run.0.try_wait().ok().flatten().is_some()
+    // The abort is done when the results are written and no agent is left doing IO. Removing
+    // the 4,000 files after that goes at the disk's pace (on a disk busy with other work, 4,000
+    // unlinks took 10 s), so the exit has a bound of its own.
+    let aborted = wait_for(Duration::from_secs(60), || {
+        out.join("results.json").exists() && agent_pids_under(dir.path()).is_empty()
     });
     let took = t.elapsed();
+    let ended = wait_for(Duration::from_secs(120), || {
+        run.0.try_wait().ok().flatten().is_some()
+    });
+    let exited = t.elapsed();
     println!(
-        "abort of 2 x 2000 clones: the coordinator ended {:.1} s after SIGINT",
-        took.as_secs_f64()
+        "abort of 2 x 2000 clones: results written and agents gone {:.1} s after SIGINT, the \
+         coordinator exited after {:.1} s",
+        took.as_secs_f64(),
+        exited.as_secs_f64()
     );
-    assert!(ended, "still running 60 s after SIGINT");
-    assert_eq!(run.0.wait().unwrap().code(), Some(130));
+    assert!(
+        aborted,
+        "no results or agents still running 60 s after SIGINT"
+    );
     assert!(took < Duration::from_secs(5), "the abort took {took:?}");
+    assert!(ended, "still running 120 s after SIGINT");
+    assert_eq!(run.0.wait().unwrap().code(), Some(130));
     let r = read_json(&out.join("results.json"));
     assert_eq!(r["status"], "aborted");
 }
