@@ -77,7 +77,20 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
     if let Some(h) = live_line {
         let _ = h.join();
     }
-    let report = result?;
+    let report = match result {
+        // Stopped while laying out: nothing ran, so there is no report; what was laid out is
+        // already removed. Exits as an interrupted run.
+        Err(runner::RunError::Layout(crate::layout::LayoutError::Stopped { .. })) => {
+            eprintln!(
+                "lockstep-agent: stopped during the layout: nothing ran, the files it laid out are removed"
+            );
+            return Ok(Outcome {
+                failed: false,
+                interrupted: true,
+            });
+        }
+        r => r?,
+    };
     let text = render(&report, args.format);
     match &args.output {
         Some(path) => write_atomically(path, text.as_bytes())?,

@@ -393,6 +393,56 @@ fn sigterm_to_a_daemon_agent_mid_layout_stops_it_and_removes_its_files() {
     assert!(files.is_empty(), "files left behind: {files:?}");
 }
 
+/// `lockstep-agent run JOBFILE` (standalone, like fio) honours SIGTERM during the layout: it
+/// stops laying out, removes what it created and exits as interrupted (1), within 5 s.
+#[test]
+fn sigterm_to_a_standalone_run_mid_layout_stops_it_and_removes_its_files() {
+    let _g = serial();
+    let dir = scratch();
+    let vol = dir.path().join("v1");
+    std::fs::create_dir_all(&vol).unwrap();
+    let job = dir.path().join("big.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[big]\nrw=randread\nbs=4k\nsize=6g\nruntime=30s\ntime_based=1\ndirectory={}\n",
+            vol.display()
+        ),
+    )
+    .unwrap();
+    let mut run = Proc(
+        Command::new(bin("lockstep-agent"))
+            .arg("run")
+            .arg(&job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(20), || !files_under(&vol).is_empty()));
+    std::thread::sleep(Duration::from_millis(700));
+    let f = files_under(&vol);
+    assert!(
+        f.iter().any(|(_, len)| *len < 6 << 30),
+        "layout already done: {f:?}"
+    );
+    let t = Instant::now();
+    run.signal(libc::SIGTERM);
+    let ended = wait_for(Duration::from_secs(30), || {
+        run.0.try_wait().ok().flatten().is_some()
+    });
+    let took = t.elapsed();
+    println!(
+        "SIGTERM to a standalone run mid-layout: ended {ended} after {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(ended, "still laying out 30 s after SIGTERM");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(run.0.wait().unwrap().code(), Some(1));
+    let files = files_under(&vol);
+    assert!(files.is_empty(), "files left behind: {files:?}");
+}
+
 /// One agent of three killed mid-run under "p99 < 50ms on every volume": the objective must
 /// fail on that agent's volume with the reason, and the run must exit non-zero (1).
 #[test]
