@@ -660,14 +660,14 @@ impl Agent for AgentService {
     async fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
-        if let Some((run_id, stop)) = &*self.shared.preparing.lock().unwrap() {
-            if *run_id == req.run_id || req.run_id.is_empty() {
-                tracing::warn!(
-                    "layout of run {run_id} aborted by the coordinator: {}",
-                    req.reason
-                );
-                stop.store(true, Ordering::Relaxed);
-            }
+        if let Some((run_id, stop)) = &*self.shared.preparing.lock().unwrap()
+            && (*run_id == req.run_id || req.run_id.is_empty())
+        {
+            tracing::warn!(
+                "layout of run {run_id} aborted by the coordinator: {}",
+                req.reason
+            );
+            stop.store(true, Ordering::Relaxed);
         }
         let mut phase = self.shared.phase.lock().unwrap();
         match &mut *phase {
