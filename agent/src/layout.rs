@@ -41,6 +41,9 @@ pub enum LayoutError {
     BlockDeviceNotAllowed { path: PathBuf },
     #[error("{path}: refusing to use this device: {why}")]
     DeviceInUse { path: PathBuf, why: String },
+    /// The layout was stopped (abort, SIGTERM, a lost coordinator) before it was done.
+    #[error("{path}: layout stopped before it was done")]
+    Stopped { path: PathBuf },
 }
 
 /// A hint for the errors people hit most, so the message says what to do.
@@ -428,6 +431,11 @@ pub trait LayoutProgress {
     fn start(&self, total_bytes: u64);
     fn advance(&self, bytes: u64);
     fn finish(&self);
+    /// Whether to stop laying out (checked between chunks): an abort mid-layout must not wait
+    /// for gigabytes still to write. The layout then removes what it created.
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 /// No progress display (not on a terminal, or in tests).
@@ -541,6 +549,11 @@ fn extend_file(
         .map_err(|e| io_err(&f.path, "seek", e))?;
     let mut pos = current;
     while pos < f.min_len {
+        if progress.stopped() {
+            return Err(LayoutError::Stopped {
+                path: f.path.clone(),
+            });
+        }
         let n = ((f.min_len - pos) as usize).min(CHUNK);
         // Vary each chunk a little so that dedup/compression cannot flatter the device.
         buf[..8].copy_from_slice(&pos.to_le_bytes());

@@ -95,6 +95,10 @@ enum Command {
         /// Mutual TLS: the CA whose client certificates coordinators must present (PEM).
         #[arg(long, env = "LOCKSTEP_TLS_CA", value_name = "PEM")]
         tls_ca: Option<PathBuf>,
+        /// Stop (as on SIGTERM) when standard input closes: how `lockstep run --local` ties its
+        /// agents' lives to its own.
+        #[arg(long, hide = true)]
+        exit_with_stdin: bool,
     },
 }
 
@@ -135,6 +139,7 @@ fn main() -> std::process::ExitCode {
             tls_cert,
             tls_key,
             tls_ca,
+            exit_with_stdin,
         } => {
             let tls = match daemon::tls::TlsFiles::from_flags(tls_cert, tls_key, tls_ca) {
                 Ok(t) => t,
@@ -175,6 +180,7 @@ fn main() -> std::process::ExitCode {
                 advertise,
                 registry,
                 tls,
+                exit_with_stdin,
             };
             match daemon::serve_blocking(cfg, opts) {
                 Ok(()) => return std::process::ExitCode::SUCCESS,

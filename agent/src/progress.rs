@@ -51,6 +51,29 @@ impl LayoutProgress for LayoutBar {
     }
 }
 
+/// Layout progress that also says when to stop: `stop` is the run's stop flag (Ctrl-C,
+/// SIGTERM, an abort from the coordinator), so a layout of gigabytes ends within a chunk of
+/// the request instead of after the last byte.
+pub struct Stoppable<P> {
+    pub inner: P,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl<P: LayoutProgress> LayoutProgress for Stoppable<P> {
+    fn start(&self, total_bytes: u64) {
+        self.inner.start(total_bytes)
+    }
+    fn advance(&self, bytes: u64) {
+        self.inner.advance(bytes)
+    }
+    fn finish(&self) {
+        self.inner.finish()
+    }
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
 /// Draws a fio-like status line once a second until `done` is set: running jobs, IOPS and
 /// bandwidth per direction over the last second, elapsed time.
 pub fn spawn_live_line(

@@ -61,7 +61,10 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
         allow_block_devices: args.allow_block_devices,
         keep_files: args.keep_files,
         stop: stop.clone(),
-        layout_progress: Box::new(LayoutBar::new(visible)),
+        layout_progress: Box::new(progress::Stoppable {
+            inner: LayoutBar::new(visible),
+            stop: stop.clone(),
+        }),
         ..RunOptions::default()
     };
     let done = Arc::new(AtomicBool::new(false));
@@ -77,7 +80,20 @@ pub fn run(args: &StandaloneArgs) -> anyhow::Result<Outcome> {
     if let Some(h) = live_line {
         let _ = h.join();
     }
-    let report = result?;
+    let report = match result {
+        // Stopped while laying out: nothing ran, so there is no report; what was laid out is
+        // already removed. Exits as an interrupted run.
+        Err(runner::RunError::Layout(crate::layout::LayoutError::Stopped { .. })) => {
+            eprintln!(
+                "lockstep-agent: stopped during the layout: nothing ran, the files it laid out are removed"
+            );
+            return Ok(Outcome {
+                failed: false,
+                interrupted: true,
+            });
+        }
+        r => r?,
+    };
     let text = render(&report, args.format);
     let mut output_failed = None;
     match &args.output {

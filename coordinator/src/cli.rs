@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::sync::watch;
 
 use crate::chokepoint::{self, AnalysisOptions, Verdict};
 use crate::hlog::HlogWriter;
@@ -42,11 +41,15 @@ pub struct RunArgs {
     pub etcd_prefix: String,
 }
 
-/// Exit codes: 0 all good; 1 an objective failed, verification found a lost, stale or corrupted
-/// block, or a chokepoint with --fail-on-chokepoint;
-/// 2 the run could not be done (bad plan, unreachable agent); 130 stopped with Ctrl-C.
+/// Exit codes (the table is in docs/exit-codes.md): 0 all good; 1 an objective failed (including
+/// one that could not be judged because data it covers is missing: a lost agent, missing
+/// intervals, stuck IOs, a verification that could not run), verification found a lost, stale
+/// or corrupted block, or a chokepoint with --fail-on-chokepoint; 2 the run could not be done
+/// (bad plan, unreachable agent); 130 stopped with Ctrl-C (SIGINT); 143 stopped with SIGTERM.
+/// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub const EXIT_INTERRUPTED: u8 = 130;
+pub const EXIT_TERMINATED: u8 = 143;
 /// The run finished and its report went to stdout, but a results file could not be written
 /// (a full or read-only disk); the error names each file.
 pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;
@@ -293,9 +296,26 @@ pub fn forecast_before_cliff(
     })
 }
 
-/// Evaluates the plan's objectives on the results (latency from merged histograms).
+/// Evaluates the plan's objectives on the results (latency from merged histograms). An
+/// objective fails on every volume, node or cluster it covers whose data is incomplete (see
+/// `results::incomplete_volumes`), with the reason: what was not measured cannot pass.
+/// Expects the stuck IOs and verification results already collected into `r`.
 pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
     use crate::plan::{Metric, Scope};
+    let gaps = crate::results::incomplete_volumes(r);
+    let gaps_of = |pick: &dyn Fn(&str, &str) -> bool| -> Vec<String> {
+        gaps.iter()
+            .filter(|((n, v), _)| pick(n, v))
+            .flat_map(|((n, v), why)| why.iter().map(move |w| format!("{n}/{v}: {w}")))
+            .collect()
+    };
+    let role_of = |node: &str, volume: &str| -> String {
+        r.volumes
+            .iter()
+            .find(|v| v.node == node && v.volume == volume)
+            .map(|v| v.role.clone())
+            .unwrap_or_default()
+    };
     let lat_value = |s: &crate::results::Summary,
                      dir: Option<lockstep_agent::job::Direction>,
                      m: Metric|
@@ -356,7 +376,9 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
         .iter()
         .map(|o| {
             let in_role = |role: &str| o.role.as_deref().is_none_or(|r| r == role);
-            let mut failures = Vec::new();
+            // Incomplete data first, whatever the scope (a node or the cluster with a volume
+            // missing is incomplete too): the figures below are judged on what is left.
+            let mut failures = gaps_of(&|n, v| in_role(&role_of(n, v)));
             let mut check =
                 |who: String,
                  summary: &crate::results::Summary,
@@ -428,6 +450,8 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    // Before any agent starts: a stop during their start or layout is an orderly one too.
+    crate::signals::install();
     let mut local = None;
     let (infos, token) = if let Some(n) = args.local {
         anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
@@ -493,8 +517,10 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         run_resolved(&args, &plan, &infos, token, &out_dir).await
     };
     if let Some(c) = local {
+        tracing::debug!("stopping the local agents");
         c.shutdown(args.keep_files).await;
     }
+    tracing::debug!("run done");
     outcome
 }
 
@@ -512,15 +538,19 @@ pub(crate) async fn run_resolved(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "run".into());
     let spec = run_spec(&run_id, &assignment, args.keep_files, token);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop_tx.send(true);
-        }
-    });
+    let stop_rx = crate::signals::watch();
     let hlog_path = out_dir.join("intervals.hlog");
-    let file = std::fs::File::create(&hlog_path)
-        .with_context(|| format!("creating {}", hlog_path.display()))?;
+    // Never through a link left in the results directory.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&hlog_path)
+            .with_context(|| format!("creating {}", hlog_path.display()))?
+    };
     let mut hlog = Some(HlogWriter::new(
         std::io::BufWriter::new(crate::hlog::KeepGoing::new(file)),
         crate::client::unix_ns() / 1_000_000,
@@ -553,8 +583,8 @@ pub(crate) async fn run_resolved(
     }
     let output = outcome?;
     let mut results = output.results;
-    results.objectives = evaluate_objectives(&assignment, &results);
     crate::drill::collect_finals(&mut results, &output.finals);
+    results.objectives = evaluate_objectives(&assignment, &results);
     let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
     let text = chokepoint::render_text(&analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
@@ -621,12 +651,17 @@ pub(crate) async fn run_resolved(
 
 fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {
     if r.status == RunStatus::Aborted {
-        ExitCode::from(EXIT_INTERRUPTED)
+        ExitCode::from(interrupted_code())
     } else if r.objectives_failed() || r.verify_failed() || chokepoint_fails {
         ExitCode::from(EXIT_OBJECTIVE)
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The exit code of a stopped run: 143 when SIGTERM stopped it, else 130 (Ctrl-C).
+pub fn interrupted_code() -> u8 {
+    crate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
 }
 
 /// `lockstep report DIR`: re-renders a finished run.

@@ -278,7 +278,7 @@ pub(crate) fn finish(
         out_dir.display()
     );
     Ok(if results.status == RunStatus::Aborted {
-        ExitCode::from(crate::cli::EXIT_INTERRUPTED)
+        ExitCode::from(crate::cli::interrupted_code())
     } else if failed {
         ExitCode::from(crate::cli::EXIT_OBJECTIVE)
     } else {

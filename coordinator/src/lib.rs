@@ -10,6 +10,7 @@
 //! - `certs`: `lockstep certs`, a test CA and certificates for mutual TLS;
 //! - `run`: a run on agents: prepare, synchronized start, streams, lost agents, abort;
 //! - `local`: `--local N`, agents as child processes on this machine;
+//! - `signals`: SIGINT and SIGTERM as an orderly stop (partial results, 130 or 143);
 //! - `live`: the live view (progress bar, or log lines when not on a terminal);
 //! - `cli`: the `lockstep` commands behind `main.rs`;
 //! - `metrics`: Prometheus metrics of a running coordinator;
@@ -45,5 +46,6 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod scenario;
+pub mod signals;
 pub mod sweep;
 pub mod timeline;

@@ -2,8 +2,21 @@
 //! volume "data". The embedded default for trying lockstep with no infrastructure.
 //!
 //! Children are started with a token only they and we know, listen on 127.0.0.1 port 0 and
-//! print their address; they are killed if the coordinator goes away (kill on drop, and each
-//! agent stops its own IO after its grace period when its coordinator disappears).
+//! print their address. They live exactly as long as the coordinator, however it ends:
+//!
+//! - each child's standard input is a pipe whose write end only this process holds (Rust opens
+//!   it close-on-exec, so no other child inherits it), and the child runs with
+//!   `--exit-with-stdin`: when this process exits, by SIGKILL or a crash included, the kernel
+//!   closes the pipe, the agent reads its end, stops its layout or run, removes its files and
+//!   exits. PR_SET_PDEATHSIG was the alternative, but it fires when the *thread* that forked
+//!   exits (here a tokio worker, not the process) and needs a getppid() check against the race
+//!   with our own death; a pipe has neither problem;
+//! - each child is in a session of its own (setsid), so a Ctrl-C at the terminal reaches only
+//!   the coordinator, which aborts the run in order (partial results) and then stops the
+//!   agents; and where the kernel groups the scheduling by session (autogroup, the default of
+//!   desktop and many server kernels) the coordinator keeps its share of the CPU against
+//!   thousands of busy clone threads, instead of taking seconds to notice a signal;
+//! - a clean end kills them (kill on drop too).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -32,6 +45,8 @@ pub struct LocalAgent {
     pub address: String,
     pub dir: PathBuf,
     child: Child,
+    /// The write end of the child's standard input, never written: it closes when we exit.
+    _lifeline: Option<tokio::process::ChildStdin>,
 }
 
 pub struct LocalCluster {
@@ -39,6 +54,9 @@ pub struct LocalCluster {
     pub token: String,
     root: PathBuf,
 }
+
+/// How long a shutdown waits for killed local agents to be gone.
+const REAP_WAIT: Duration = Duration::from_secs(1);
 
 /// The agent binary: `LOCKSTEP_AGENT_BIN`, or `lockstep-agent` beside this executable (cargo
 /// puts both in the same target directory; an install puts both in the same bin directory).
@@ -83,7 +101,17 @@ impl LocalCluster {
                 path: dir.clone(),
                 source,
             })?;
-            let mut child = Command::new(&bin)
+            let mut cmd = Command::new(&bin);
+            // SAFETY: setsid(2) is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = cmd
                 .arg("serve")
                 .args(["--listen", "127.0.0.1:0", "--name", &name])
                 .arg("--volume")
@@ -91,8 +119,9 @@ impl LocalCluster {
                 .args(["--label", &format!("node={name}")])
                 .args(["--grace", &format!("{}ms", grace.as_millis())])
                 .args(allow_exec.then_some("--allow-exec"))
+                .arg("--exit-with-stdin")
                 .env("LOCKSTEP_TOKEN", &token)
-                .stdin(Stdio::null())
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
@@ -101,6 +130,7 @@ impl LocalCluster {
                     name: name.clone(),
                     message: format!("{}: {e}", bin.display()),
                 })?;
+            let lifeline = child.stdin.take();
             let stdout = child.stdout.take().expect("piped stdout");
             let mut lines = BufReader::new(stdout).lines();
             let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
@@ -132,6 +162,7 @@ impl LocalCluster {
                 address,
                 dir,
                 child,
+                _lifeline: lifeline,
             });
         }
         Ok(LocalCluster {
@@ -159,10 +190,27 @@ impl LocalCluster {
     /// e.g. to verify a killed agent's files from its checkpoint afterwards).
     pub async fn shutdown(mut self, keep: bool) {
         for a in &mut self.agents {
-            let _ = a.child.kill().await;
+            let _ = a.child.start_kill();
+        }
+        // SIGKILL is sent; waiting only reaps them. An agent with thousands of clones and
+        // gigabytes of histograms takes seconds to be torn down by the kernel, which it does
+        // whether we wait or not: bounded, so a stopped run ends promptly.
+        let reaped = tokio::time::timeout(REAP_WAIT, async {
+            for a in &mut self.agents {
+                let _ = a.child.wait().await;
+            }
+        })
+        .await;
+        match reaped {
+            Ok(()) => tracing::debug!("local agents reaped"),
+            Err(_) => {
+                tracing::debug!("local agents still exiting after {REAP_WAIT:?}; not waiting")
+            }
         }
         if !keep {
+            let t = std::time::Instant::now();
             let _ = std::fs::remove_dir_all(&self.root);
+            tracing::debug!("volumes removed in {:?}", t.elapsed());
         }
     }
 }

@@ -302,3 +302,210 @@ impl RunResults {
         self.verify.iter().any(|v| v.report.bad() > 0)
     }
 }
+
+/// Why a volume's figures are incomplete, keyed by (node, volume): its agent was lost or never
+/// started, intervals other volumes reported are missing from it, IOs got stuck, or its
+/// verification could not run in full. An objective cannot pass on data that is not there, so
+/// every objective that covers such a volume fails with these reasons.
+pub fn incomplete_volumes(r: &RunResults) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    for v in &r.volumes {
+        let key = (v.node.clone(), v.volume.clone());
+        match r.agents.iter().find(|a| a.name == v.node).map(|a| &a.state) {
+            Some(AgentState::Lost { at_ms, .. }) => out
+                .entry(key.clone())
+                .or_default()
+                .push(format!("{} lost: no data after t={}", v.node, secs(*at_ms))),
+            Some(AgentState::Failed { reason }) => out
+                .entry(key.clone())
+                .or_default()
+                .push(format!("{} failed: {reason}", v.node)),
+            _ => {
+                if let Some(at) = v.lost_at_ms {
+                    out.entry(key.clone()).or_default().push(format!(
+                        "{} lost: no data after t={}",
+                        v.node,
+                        secs(at)
+                    ));
+                }
+            }
+        }
+    }
+    for (key, why) in missing_intervals(&r.timeline) {
+        out.entry(key).or_default().push(why);
+    }
+    for s in &r.stuck_ios {
+        let key = (s.node.clone(), s.volume.clone());
+        let n = r
+            .stuck_ios
+            .iter()
+            .filter(|o| o.node == s.node && o.volume == s.volume)
+            .count();
+        let reasons = out.entry(key).or_default();
+        if !reasons.iter().any(|w| w.contains("stuck")) {
+            let in_flight = r
+                .stuck_ios
+                .iter()
+                .filter(|o| o.node == s.node && o.volume == s.volume && !o.completed)
+                .count();
+            reasons.push(format!(
+                "{n} stuck IO(s) (slower than the stuck timeout), {in_flight} never completed, the first issued at t={}",
+                secs(s.start_ms)
+            ));
+        }
+    }
+    for v in r.verify.iter().filter(|v| !v.report.errors.is_empty()) {
+        out.entry((v.node.clone(), v.volume.clone()))
+            .or_default()
+            .push(format!(
+                "verification could not run in full: {}",
+                v.report.errors.join("; ")
+            ));
+    }
+    out
+}
+
+/// Intervals a volume did not report while others did. A volume whose agent was lost is only
+/// checked up to the loss (the loss itself is its reason). An interval that every volume
+/// reported short (the run's last, cut at the end) is not expected of all.
+fn missing_intervals(t: &Timeline) -> Vec<((String, String), String)> {
+    let iv = t.interval_ms.max(1);
+    let index = |t_ms: u64| (t_ms + iv / 2) / iv;
+    let mut full: std::collections::BTreeSet<u64> = Default::default();
+    for s in &t.volumes {
+        for p in s.points.iter().filter(|p| p.len_ms * 10 >= iv * 9) {
+            full.insert(index(p.t_ms));
+        }
+    }
+    let mut out = Vec::new();
+    for s in &t.volumes {
+        let have: std::collections::BTreeSet<u64> =
+            s.points.iter().map(|p| index(p.t_ms)).collect();
+        // Up to the interval before the loss: the one in flight at the loss may be gone.
+        let until = s.lost_at_ms.map_or(u64::MAX, |ms| ms / iv);
+        let missing: Vec<u64> = full
+            .iter()
+            .copied()
+            .filter(|i| *i < until && !have.contains(i))
+            .collect();
+        if let Some(first) = missing.first() {
+            out.push((
+                (s.node.clone(), s.volume.clone()),
+                format!(
+                    "{} of {} intervals missing, the first ending at t={:.1} s",
+                    missing.len(),
+                    full.len(),
+                    (first * iv) as f64 / 1000.0
+                ),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeline::{VolumePoint, VolumeSeries};
+
+    fn results(nodes: &[&str]) -> RunResults {
+        let summary = serde_json::to_value(Summary::default()).unwrap();
+        let volumes: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({"node": n, "volume": "data", "role": "w", "summary": summary,
+                    "outstanding_mean": 1.0, "configured_depth": 1})
+            })
+            .collect();
+        let mut r: RunResults = serde_json::from_value(serde_json::json!({
+            "lockstep_version": "0", "run_id": "r", "plan": "p", "status": "completed",
+            "start_unix_ms": 0, "duration_ms": 4000, "interval_ms": 1000, "phases": [],
+            "agents": [], "start_skew_ns": null, "cluster": summary, "nodes": [],
+            "volumes": volumes, "cluster_timeline": [], "objectives": [],
+        }))
+        .unwrap();
+        r.timeline.interval_ms = 1000;
+        for n in nodes {
+            r.timeline.volumes.push(VolumeSeries {
+                node: n.to_string(),
+                volume: "data".into(),
+                role: "w".into(),
+                model: None,
+                configured_depth: 1,
+                target_iops: None,
+                lost_at_ms: None,
+                // Four full intervals and the short one at the end.
+                points: [1000, 2000, 3000, 4000, 4030]
+                    .iter()
+                    .map(|&t| VolumePoint {
+                        t_ms: t,
+                        len_ms: if t == 4030 { 30 } else { 1000 },
+                        ..Default::default()
+                    })
+                    .collect(),
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn a_complete_run_has_no_gaps_even_when_only_some_volumes_report_the_short_last_interval() {
+        let mut r = results(&["a", "b"]);
+        r.timeline.volumes[1].points.pop();
+        assert!(incomplete_volumes(&r).is_empty());
+    }
+
+    #[test]
+    fn missing_intervals_stuck_ios_and_an_unfinished_verification_are_gaps() {
+        let mut r = results(&["a", "b", "c"]);
+        r.timeline.volumes[0].points.remove(1);
+        r.stuck_ios.push(StuckIoResult {
+            node: "b".into(),
+            volume: "data".into(),
+            file: "f".into(),
+            offset: 0,
+            len: 4096,
+            direction: "write".into(),
+            start_ms: 1500,
+            latency_ms: 6000,
+            completed: false,
+        });
+        r.verify.push(VolumeVerify {
+            node: "c".into(),
+            volume: "data".into(),
+            report: lockstep_agent::verify::VerifyReport {
+                errors: vec!["stopped before verification".into()],
+                ..Default::default()
+            },
+        });
+        let gaps = incomplete_volumes(&r);
+        let of = |n: &str| gaps[&(n.to_string(), "data".to_string())].join(" | ");
+        assert!(
+            of("a").contains("1 of 4 intervals missing, the first ending at t=2.0 s"),
+            "{gaps:?}"
+        );
+        assert!(of("b").contains("1 stuck IO(s)"), "{gaps:?}");
+        assert!(of("b").contains("1 never completed"), "{gaps:?}");
+        assert!(of("c").contains("verification could not run"), "{gaps:?}");
+    }
+
+    #[test]
+    fn a_lost_agent_is_a_gap_from_the_loss_not_a_list_of_missing_intervals() {
+        let mut r = results(&["a", "b"]);
+        r.timeline.volumes[1].points.truncate(2);
+        r.timeline.volumes[1].lost_at_ms = Some(2700);
+        r.agents = serde_json::from_value(serde_json::json!([{
+            "name": "b", "address": "x", "hostname": "h", "version": "0",
+            "clock": {"offset_ns": 0, "rtt_ns": 1, "probes": 1},
+            "state": {"state": "lost", "at_ms": 2700, "reason": "killed"}
+        }]))
+        .unwrap();
+        let gaps = incomplete_volumes(&r);
+        assert_eq!(
+            gaps[&("b".to_string(), "data".to_string())],
+            vec!["b lost: no data after t=2.7 s".to_string()]
+        );
+        assert!(!gaps.contains_key(&("a".to_string(), "data".to_string())));
+    }
+}

@@ -101,6 +101,13 @@ enum Ev {
     Ended(usize, Option<String>),
 }
 
+/// How long a stopped run waits for the agents' final results after telling them to abort. The
+/// figures come from the intervals already streamed; a final result adds the per-job fio
+/// figures, stuck IOs and verification, and building it grows with the clone count (2,000
+/// clones' histograms take seconds), so the wait is bounded: whatever stops a run, the
+/// coordinator ends within a few seconds.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
+
 /// How long to keep trying to re-attach to an agent whose stream broke: as long as the agent
 /// itself keeps running without a coordinator (its grace period, 10 s when it does not say),
 /// plus a margin for the agent to notice.
@@ -132,7 +139,7 @@ pub struct RunOutput {
 pub async fn execute(
     spec: RunSpec,
     observer: &mut dyn RunObserver,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<crate::signals::Stop>>,
     hlog: &mut Option<crate::hlog::RunLog>,
 ) -> Result<RunOutput, RunError> {
     let interval_ms = spec.interval.as_millis().max(1) as u64;
@@ -226,58 +233,27 @@ pub async fn execute(
             live.len()
         ));
         let run_id = spec.run_id.clone();
-        let mut prepared = Vec::new();
-        let mut refusal = None;
-        {
-            let calls = live.iter().map(|&i| {
-                let mut client = agents[i].conn.client.clone();
-                let work = &spec.agents[i];
-                let req = PrepareRequest {
-                    protocol_version: PROTOCOL_VERSION,
-                    run_id: run_id.clone(),
-                    work: work
-                        .volumes
-                        .iter()
-                        .map(|v| {
-                            let mut overrides: std::collections::HashMap<String, String> =
-                                v.overrides.clone().into_iter().collect();
-                            overrides.insert(
-                                "runtime".into(),
-                                format!("{}ms", phase.duration.as_millis()),
-                            );
-                            overrides.insert("time_based".into(), "1".into());
-                            WireVolumeWork {
-                                volume: v.volume.clone(),
-                                role: v.role.clone(),
-                                jobfile: v.jobfile.clone(),
-                                overrides,
-                                faults_json: v.faults_json.clone(),
-                            }
-                        })
-                        .collect(),
-                    interval_ms,
-                    keep_files: spec.keep_files,
-                };
-                async move { (i, client.prepare(req).await) }
-            });
-            for (i, r) in futures_join(calls).await {
-                match r {
-                    Ok(reply) if reply.get_ref().error.is_empty() => prepared.push(i),
-                    Ok(reply) => {
-                        refusal.get_or_insert(RunError::Prepare {
-                            agent: agents[i].conn.name.clone(),
-                            message: reply.into_inner().error,
-                        });
-                    }
-                    Err(s) => {
-                        refusal.get_or_insert(RunError::Prepare {
-                            agent: agents[i].conn.name.clone(),
-                            message: agents[i].conn.err(s).to_string(),
-                        });
-                    }
+        // A stop during the layout (which can take minutes) aborts it on every agent: each
+        // stops between chunks, removes what it laid out and answers.
+        let (prepared, refusal) = {
+            let layout = prepare_all(&agents, &live, &spec, interval_ms, phase.duration);
+            tokio::pin!(layout);
+            tokio::select! {
+                biased;
+                r = stop.wait_for(|s| s.is_some()) => {
+                    let why = r.ok().and_then(|s| *s).map_or("a stop request", |s| s.describe());
+                    aborted = true;
+                    status_reason = format!("stopped by {why} during the layout");
+                    observer.message(
+                        "stopping during the layout: telling every agent to abort (nothing ran)",
+                    );
+                    abort_all(&agents, &live, &run_id, "stopped by the user").await;
+                    let _ = tokio::time::timeout(Duration::from_secs(3), &mut layout).await;
+                    (Vec::new(), None)
                 }
+                r = &mut layout => r,
             }
-        }
+        };
         if let Some(e) = refusal {
             abort_all(
                 &agents,
@@ -449,24 +425,30 @@ pub async fn execute(
                             observer.message(&msg);
                         }
                     }
-                    if abort_deadline.is_some_and(|d| Instant::now() > d) {
-                        observer.message("agents did not answer the abort in time; giving up on them");
-                        for &i in &prepared {
-                            if !finished[i] {
-                                let at_ms = phase_t0.elapsed().as_millis() as u64;
-                                merger.mark_lost(&agents[i].conn.name, at_ms);
-                                agents[i].state = AgentState::Lost { at_ms, reason: "no answer to abort".into() };
-                            }
-                        }
-                        break;
-                    }
                 }
-                _ = stop.changed(), if !aborted => {
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(abort_deadline.unwrap_or_else(Instant::now))), if abort_deadline.is_some() => {
+                    let reason = format!(
+                        "no final result within {:.0} s of the abort: its figures end with its last interval",
+                        ABORT_WAIT.as_secs_f64()
+                    );
+                    for &i in &prepared {
+                        if !finished[i] {
+                            let at_ms = phase_t0.elapsed().as_millis() as u64;
+                            observer.message(&format!("agent {}: {reason}", agents[i].conn.name));
+                            merger.mark_lost(&agents[i].conn.name, at_ms);
+                            agents[i].state = AgentState::Lost { at_ms, reason: reason.clone() };
+                        }
+                    }
+                    break;
+                }
+                r = stop.wait_for(|s| s.is_some()), if !aborted => {
+                    let why = r.ok().and_then(|s| *s).map_or("a stop request", |s| s.describe());
                     aborted = true;
-                    status_reason = "stopped by the user (Ctrl-C)".into();
+                    status_reason = format!("stopped by {why}");
                     observer.message("stopping: telling every agent to abort (partial results are kept)");
+                    // Counted from the stop, not from the answers: a loaded agent is slow to answer.
+                    abort_deadline = Some(Instant::now() + ABORT_WAIT);
                     abort_all(&agents, &prepared, &run_id, "stopped by the user").await;
-                    abort_deadline = Some(Instant::now() + Duration::from_secs(10));
                 }
             }
         }
@@ -572,6 +554,65 @@ pub async fn execute(
         series: None,
     };
     Ok(RunOutput { results, finals })
+}
+
+/// Prepares every agent of `live` (checks its work and lays out its files): the agents that
+/// prepared, and the first refusal.
+async fn prepare_all(
+    agents: &[AgentRun],
+    live: &[usize],
+    spec: &RunSpec,
+    interval_ms: u64,
+    duration: Duration,
+) -> (Vec<usize>, Option<RunError>) {
+    let mut prepared = Vec::new();
+    let mut refusal = None;
+    let calls = live.iter().map(|&i| {
+        let mut client = agents[i].conn.client.clone();
+        let work = &spec.agents[i];
+        let req = PrepareRequest {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: spec.run_id.clone(),
+            work: work
+                .volumes
+                .iter()
+                .map(|v| {
+                    let mut overrides: std::collections::HashMap<String, String> =
+                        v.overrides.clone().into_iter().collect();
+                    overrides.insert("runtime".into(), format!("{}ms", duration.as_millis()));
+                    overrides.insert("time_based".into(), "1".into());
+                    WireVolumeWork {
+                        volume: v.volume.clone(),
+                        role: v.role.clone(),
+                        jobfile: v.jobfile.clone(),
+                        overrides,
+                        faults_json: v.faults_json.clone(),
+                    }
+                })
+                .collect(),
+            interval_ms,
+            keep_files: spec.keep_files,
+        };
+        async move { (i, client.prepare(req).await) }
+    });
+    for (i, r) in futures_join(calls).await {
+        match r {
+            Ok(reply) if reply.get_ref().error.is_empty() => prepared.push(i),
+            Ok(reply) => {
+                refusal.get_or_insert(RunError::Prepare {
+                    agent: agents[i].conn.name.clone(),
+                    message: reply.into_inner().error,
+                });
+            }
+            Err(s) => {
+                refusal.get_or_insert(RunError::Prepare {
+                    agent: agents[i].conn.name.clone(),
+                    message: agents[i].conn.err(s).to_string(),
+                });
+            }
+        }
+    }
+    (prepared, refusal)
 }
 
 /// Reads an agent's event stream to the end; when it breaks before the final result, tries to

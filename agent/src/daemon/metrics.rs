@@ -42,6 +42,8 @@ pub struct Metrics {
     outstanding: Family<VolumeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// 0 idle, 1 prepared, 2 running.
     state: Gauge,
+    /// The agent's volume names, to reset their gauges when a run ends.
+    volumes: Vec<String>,
 }
 
 impl Metrics {
@@ -93,6 +95,9 @@ impl Metrics {
                 let _ = bytes.get_or_create(&l);
                 let _ = errors.get_or_create(&l);
             }
+            let _ = outstanding.get_or_create(&VolumeLabels {
+                volume: v.name.clone(),
+            });
         }
         Metrics {
             registry,
@@ -102,11 +107,25 @@ impl Metrics {
             latency,
             outstanding,
             state,
+            volumes: volumes.iter().map(|v| v.name.clone()).collect(),
         }
     }
 
     pub fn set_state(&self, s: i64) {
         self.state.set(s);
+    }
+
+    /// A run ended (finished, aborted or lost its coordinator): nothing is in flight any more.
+    /// The gauge holds the last interval's figure otherwise, and a dashboard would show a busy
+    /// volume on an idle agent.
+    pub fn run_ended(&self) {
+        self.set_state(0);
+        for g in self.volumes.iter().map(|v| {
+            self.outstanding
+                .get_or_create(&VolumeLabels { volume: v.clone() })
+        }) {
+            g.set(0.0);
+        }
     }
 
     pub fn observe_interval(&self, volume: &str, iv: &VolumeInterval, dirs: &[DirStats; 2]) {

@@ -223,6 +223,88 @@ struct Shared {
     /// The last run that ended, so a coordinator that lost the stream near the end can still
     /// re-attach and get the final result.
     last_run: Mutex<Option<(String, Arc<EventHub>)>>,
+    /// The run being laid out (Prepare is still working) and its stop flag: an abort or a
+    /// shutdown during a layout of gigabytes stops it between chunks.
+    preparing: Mutex<Option<(String, Arc<AtomicBool>)>>,
+    /// Set once the agent is shutting down (SIGTERM, SIGINT, its parent gone): no new layout
+    /// or run may begin.
+    shutting_down: AtomicBool,
+}
+
+impl Shared {
+    /// Stops whatever this agent is doing for a coordinator: a layout in progress stops and
+    /// removes its files, a prepared run is discarded, a running one stops its IO (its thread
+    /// then removes the files and publishes the final result).
+    fn stop_all(&self, why: &str) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        if let Some((run_id, stop)) = &*self.preparing.lock().unwrap() {
+            tracing::warn!("layout of run {run_id} stopped: {why}");
+            stop.store(true, Ordering::Relaxed);
+        }
+        let mut phase = self.phase.lock().unwrap();
+        match &mut *phase {
+            Phase::Idle => {}
+            Phase::Running { run_id, stop, .. } => {
+                tracing::warn!("run {run_id} stopped: {why}");
+                stop.store(true, Ordering::Relaxed);
+            }
+            Phase::Prepared { volumes, .. } => {
+                for v in volumes.iter_mut() {
+                    v.run.discard(false);
+                }
+                *phase = Phase::Idle;
+                self.metrics.set_state(0);
+            }
+        }
+    }
+
+    /// Ends a layout: the run becomes the prepared one, unless the layout failed or was
+    /// stopped (then what it laid out is removed). The phase is set before the layout stops
+    /// being listed, so that an abort always finds the run in one or the other.
+    fn prepared(
+        &self,
+        req: PrepareRequest,
+        laid_out: Result<Vec<PreparedVolume>, String>,
+    ) -> Result<(), String> {
+        let mut phase = self.phase.lock().unwrap();
+        let stopped = self
+            .preparing
+            .lock()
+            .unwrap()
+            .take()
+            .is_some_and(|(_, s)| s.load(Ordering::Relaxed));
+        let volumes = match laid_out {
+            Ok(mut volumes) if stopped => {
+                for v in &mut volumes {
+                    v.run.discard(false);
+                }
+                Err("stopped during the layout (aborted, or the agent is shutting down)".into())
+            }
+            other => other,
+        };
+        let volumes = volumes.inspect_err(|_| self.metrics.set_state(0))?;
+        *phase = Phase::Prepared {
+            run_id: req.run_id,
+            volumes,
+            hub: EventHub::new(self.metrics.clone()),
+            keep_files: req.keep_files,
+            // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
+            interval: if req.interval_ms == 0 {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(req.interval_ms.max(10))
+            },
+        };
+        Ok(())
+    }
+
+    /// Whether no layout and no run is in progress (their files are then removed).
+    fn idle(&self) -> bool {
+        // One lock at a time: `prepare` takes the phase, then the layout.
+        let laying_out = self.preparing.lock().unwrap().is_some();
+        let running = !matches!(*self.phase.lock().unwrap(), Phase::Idle);
+        !laying_out && !running
+    }
 }
 
 #[derive(Clone)]
@@ -251,6 +333,8 @@ impl AgentService {
                 metrics,
                 cut_off: Arc::new(agent_faults::CutOff::default()),
                 last_run: Mutex::new(None),
+                preparing: Mutex::new(None),
+                shutting_down: AtomicBool::new(false),
             }),
         }
     }
@@ -283,11 +367,36 @@ impl AgentService {
         }
     }
 
+    /// Checks and lays out every volume's work. `stop` ends a layout between chunks; whatever
+    /// was laid out for the run is removed when any volume fails or the layout is stopped.
     fn prepare_volumes(
         cfg: &DaemonConfig,
         req: &PrepareRequest,
+        stop: &Arc<AtomicBool>,
     ) -> Result<Vec<PreparedVolume>, String> {
-        let mut out = Vec::new();
+        let mut out: Vec<PreparedVolume> = Vec::new();
+        let result = Self::prepare_each(cfg, req, stop, &mut out);
+        let stopped = stop.load(Ordering::Relaxed);
+        if result.is_err() || stopped {
+            for v in &mut out {
+                v.run.discard(false);
+            }
+        }
+        match result {
+            Err(e) if !stopped => Err(e),
+            _ if stopped => {
+                Err("stopped during the layout (aborted, or the agent is shutting down)".into())
+            }
+            _ => Ok(out),
+        }
+    }
+
+    fn prepare_each(
+        cfg: &DaemonConfig,
+        req: &PrepareRequest,
+        stop: &Arc<AtomicBool>,
+        out: &mut Vec<PreparedVolume>,
+    ) -> Result<(), String> {
         for work in &req.work {
             let vol = cfg
                 .volumes
@@ -334,6 +443,10 @@ impl AgentService {
             }
             let opts = RunOptions {
                 allow_block_devices: cfg.allow_block_devices,
+                layout_progress: Box::new(crate::progress::Stoppable {
+                    inner: crate::layout::NoProgress,
+                    stop: stop.clone(),
+                }),
                 ..RunOptions::default()
             };
             // Privilege and device checks for the kernel's throttle, before any file is laid out.
@@ -364,7 +477,7 @@ impl AgentService {
                 throttle,
             });
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -449,40 +562,44 @@ impl Agent for AgentService {
                 }
             }
         }
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let mut preparing = self.shared.preparing.lock().unwrap();
+            if self.shared.shutting_down.load(Ordering::Relaxed) {
+                return Err(Status::unavailable("the agent is shutting down"));
+            }
+            if let Some((run_id, _)) = &*preparing {
+                return Err(Status::failed_precondition(format!(
+                    "agent '{}' is busy laying out run {run_id}",
+                    self.shared.cfg.name
+                )));
+            }
+            *preparing = Some((req.run_id.clone(), stop.clone()));
+        }
         self.shared.metrics.set_state(1);
+        // A coordinator that goes away mid-layout drops this call: stop the layout then (its
+        // files are removed), for nobody is left to start or abort the run.
+        let mut guard = StopOnDrop(Some(stop.clone()));
         let shared = self.shared.clone();
-        let hub = EventHub::new(self.shared.metrics.clone());
-        let req2 = req.clone();
-        let result =
-            tokio::task::spawn_blocking(move || AgentService::prepare_volumes(&shared.cfg, &req2))
-                .await
-                .map_err(|e| Status::internal(format!("prepare panicked: {e}")))?;
+        let result = tokio::task::spawn_blocking(move || {
+            let laid_out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                AgentService::prepare_volumes(&shared.cfg, &req, &stop)
+            }))
+            .unwrap_or_else(|_| Err("prepare panicked".into()));
+            shared.prepared(req, laid_out)
+        })
+        .await;
+        guard.0 = None;
         match result {
-            Ok(volumes) => {
-                *self.shared.phase.lock().unwrap() = Phase::Prepared {
-                    run_id: req.run_id.clone(),
-                    volumes,
-                    hub,
-                    keep_files: req.keep_files,
-                    // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
-                    interval: if req.interval_ms == 0 {
-                        Duration::from_secs(1)
-                    } else {
-                        Duration::from_millis(req.interval_ms.max(10))
-                    },
-                };
-                Ok(Response::new(PrepareReply {
-                    error: String::new(),
-                    warnings: Vec::new(),
-                }))
-            }
-            Err(e) => {
-                self.shared.metrics.set_state(0);
-                Ok(Response::new(PrepareReply {
-                    error: e,
-                    warnings: Vec::new(),
-                }))
-            }
+            Ok(Ok(())) => Ok(Response::new(PrepareReply {
+                error: String::new(),
+                warnings: Vec::new(),
+            })),
+            Ok(Err(e)) => Ok(Response::new(PrepareReply {
+                error: e,
+                warnings: Vec::new(),
+            })),
+            Err(e) => Err(Status::internal(format!("prepare failed: {e}"))),
         }
     }
 
@@ -543,6 +660,15 @@ impl Agent for AgentService {
     async fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
+        if let Some((run_id, stop)) = &*self.shared.preparing.lock().unwrap()
+            && (*run_id == req.run_id || req.run_id.is_empty())
+        {
+            tracing::warn!(
+                "layout of run {run_id} aborted by the coordinator: {}",
+                req.reason
+            );
+            stop.store(true, Ordering::Relaxed);
+        }
         let mut phase = self.shared.phase.lock().unwrap();
         match &mut *phase {
             Phase::Running { run_id, stop, .. }
@@ -816,7 +942,7 @@ fn run(
     hub.finish();
     *shared.last_run.lock().unwrap() = Some((run_id, hub.clone()));
     *shared.phase.lock().unwrap() = Phase::Idle;
-    shared.metrics.set_state(0);
+    shared.metrics.run_ended();
 }
 
 /// Forwards to the volume's aggregator and notes when its IO actually began: the clones'
@@ -961,6 +1087,22 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let service = AgentService::new(cfg);
+    let shared = service.shared.clone();
+    // On shutdown, first stop the layout or run and let it remove its files, then stop serving.
+    let shutdown = async move {
+        shutdown.await;
+        shared.stop_all("the agent is shutting down");
+        let until = Instant::now() + SHUTDOWN_WAIT;
+        while !shared.idle() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if !shared.idle() {
+            tracing::error!(
+                "the run did not end within {:.0} s of the shutdown: exiting anyway",
+                SHUTDOWN_WAIT.as_secs_f64()
+            );
+        }
+    };
     if let Some(l) = metrics_listener {
         let m = service.metrics();
         tokio::spawn(async move { metrics::serve(l, m).await });
@@ -978,6 +1120,26 @@ pub async fn serve(
         .await
 }
 
+/// Sets a stop flag when dropped armed (a call cancelled before its end).
+struct StopOnDrop(Option<Arc<AtomicBool>>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How long a shutdown waits for the layout or run in progress to stop and remove its files. An
+/// abort takes well under a second; this bound only matters for a device that stopped
+/// answering, which must not hold the agent (and its port) for ever.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
+
+/// After the shutdown began, how long the server may take to close its connections before the
+/// agent exits anyway (a stream the coordinator stopped reading must not hold it).
+const SERVE_DRAIN: Duration = Duration::from_secs(1);
+
 /// Where `lockstep-agent serve` listens and whom it tells about itself.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
@@ -991,6 +1153,39 @@ pub struct ServeOptions {
     pub registry: Option<crate::registry::RegistryOptions>,
     /// Require mutual TLS (`--tls-cert/--tls-key/--tls-ca`).
     pub tls: Option<tls::TlsFiles>,
+    /// Shut down when standard input closes (`--exit-with-stdin`; see `parent_gone`).
+    pub exit_with_stdin: bool,
+}
+
+/// Resolves when standard input reaches its end: `lockstep run --local` gives each agent a pipe
+/// it never writes to, and the kernel closes its end when the coordinator exits, however it
+/// exits (SIGKILL and a crash included). Unlike PR_SET_PDEATHSIG, which fires when the *thread*
+/// that forked the child exits (a tokio worker, not the process) and races the fork, a pipe
+/// ends only when every holder of its write end is gone, and needs nothing from the parent.
+fn parent_gone() -> tokio::sync::oneshot::Receiver<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 256];
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(());
+        });
+    if let Err(e) = spawned {
+        // Without the watch the agent would outlive its parent: refuse to run instead.
+        tracing::error!("cannot watch standard input: {e}");
+        std::process::exit(2);
+    }
+    rx
 }
 
 /// The address to publish: `--advertise`, else the bound address (hostname for 0.0.0.0/::).
@@ -1127,20 +1322,38 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
         if let Some(every) = notify::watchdog_interval() {
             tokio::spawn(notify::watchdog(every));
         }
+        // The handlers are installed before anything is laid out: SIGTERM is a clean stop at
+        // every phase, like SIGINT.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let parent = opts.exit_with_stdin.then(parent_gone);
         tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
+            let parent = async {
+                match parent {
+                    Some(rx) => {
+                        let _ = rx.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let why = tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+                _ = parent => "its parent is gone (standard input closed)",
+            };
+            tracing::warn!("shutting down: {why}");
             notify::stopping();
             let _ = stop_tx.send(true);
         });
-        serve(cfg, listener, metrics, tls, stopped(stop_rx))
-            .await
-            .context("serving")?;
+        let drain_rx = stop_rx.clone();
+        let drain_deadline = async move {
+            stopped(drain_rx).await;
+            tokio::time::sleep(SHUTDOWN_WAIT + SERVE_DRAIN).await;
+        };
+        tokio::select! {
+            r = serve(cfg, listener, metrics, tls, stopped(stop_rx)) => r.context("serving")?,
+            _ = drain_deadline => tracing::warn!("connections still open at the shutdown: closed"),
+        }
         if let Some(r) = registry {
             // The lease revoke is bounded by its own timeout.
             let _ = r.await;
