@@ -11,6 +11,8 @@
 //!   io_uring, pread/pwrite worker threads, null;
 //! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
+//! - `limits`: hard limits checked before anything runs (fio's `numjobs`/`iodepth` bounds,
+//!   small regular job files);
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
@@ -26,6 +28,7 @@ pub mod fault;
 pub mod job;
 pub mod jobfile;
 pub mod layout;
+pub mod limits;
 pub mod progress;
 pub mod rate;
 pub mod registry;
