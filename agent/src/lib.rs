@@ -22,6 +22,7 @@
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
+pub mod budget;
 pub mod daemon;
 pub mod engine;
 pub mod fault;

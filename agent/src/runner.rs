@@ -18,10 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::budget;
 use crate::engine::{self, Completion, IoOp};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
 use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
+use crate::limits;
 use crate::rate::RateScheduler;
 use crate::report::{JobReport, RunReport};
 use crate::stats::{
@@ -111,6 +113,9 @@ pub enum RunError {
     Layout(#[from] LayoutError),
     #[error("job '{job}': {message}")]
     Setup { job: String, message: String },
+    /// The run does not fit the host (memory, threads, open files, disk): refused before IO.
+    #[error("{0}")]
+    Budget(#[from] budget::BudgetError),
 }
 
 /// Runs every job of a job file and returns what they measured: `prepare` then `execute`.
@@ -129,12 +134,23 @@ pub struct PreparedRun {
     created: CreatedFiles,
 }
 
-/// Validates every job, plans every file (any bad target is refused before anything is
-/// written) and lays files out: files that are read or verified are filled with data first.
+/// Validates every job, checks that the run fits the host's memory, threads and open files,
+/// plans every file and checks that they fit the free disk space (anything refused is
+/// refused before anything is written) and lays files out: files that are read or verified
+/// are filled with data first.
 pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunError> {
+    let mut clones = 0u64;
     for job in jobs {
         validate(job)?;
+        clones += job.numjobs as u64;
+        if let Some(problem) = limits::total_jobs_problem(clones) {
+            return Err(RunError::Setup {
+                job: job.name.clone(),
+                message: format!("{}: numjobs={}: {problem}", job.origin, job.numjobs),
+            });
+        }
     }
+    budget::check_host(jobs, &budget::host_figures())?;
     let mut plans: Vec<Vec<Vec<PlannedFile>>> = Vec::new();
     for job in jobs {
         let mut per_clone = Vec::new();
@@ -148,6 +164,8 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
         plans.push(per_clone);
     }
     check_verified_files_are_private(jobs, &plans)?;
+    let all_files: Vec<PlannedFile> = plans.iter().flatten().flatten().cloned().collect();
+    budget::check_disk(&budget::disk_needs(&all_files))?;
     let mut created = CreatedFiles::default();
     let needs_data = |j: &JobSpec| j.pattern.reads() || j.verify.is_some();
     let files_of = |want_data: bool| -> Vec<PlannedFile> {
@@ -295,6 +313,30 @@ fn validate(job: &JobSpec) -> Result<(), RunError> {
         job: job.name.clone(),
         message,
     };
+    if let Some(problem) = limits::numjobs_problem(job.numjobs) {
+        return Err(err(format!(
+            "{}: numjobs={}: {problem}",
+            job.origin, job.numjobs
+        )));
+    }
+    if let Some(problem) = limits::iodepth_problem(job.engine, job.iodepth) {
+        return Err(err(format!(
+            "{}: iodepth={}: {problem}",
+            job.origin, job.iodepth
+        )));
+    }
+    // Where io_uring is refused, io_uring and libaio jobs fall back to a thread per IO in
+    // flight; a depth that fallback cannot run is refused now, not when the clone starts.
+    let uring = matches!(job.engine, EngineKind::IoUring | EngineKind::Libaio);
+    if uring && job.iodepth > limits::MAX_SYNC_WORKERS && !engine::uring_available() {
+        return Err(err(format!(
+            "{}: iodepth={}: io_uring is not available here, and the pread/pwrite fallback \
+             runs at most {} IOs in flight (one thread each); lower iodepth or allow io_uring",
+            job.origin,
+            job.iodepth,
+            limits::MAX_SYNC_WORKERS
+        )));
+    }
     if job.time_based && job.runtime.is_none() {
         return Err(err(
             "time_based needs runtime= (otherwise the job never ends)".into(),
@@ -1664,6 +1706,35 @@ fn sleep_until_unless_stopped(t: Instant, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Jobs that did not come from a job file (built in code, or edited after parsing) meet the
+    /// same limits before anything is planned or written.
+    #[test]
+    fn validate_bounds_clones_and_depth() {
+        let origin = crate::job::Origin {
+            file: "t.fio".into(),
+            line: 3,
+        };
+        let mut j = JobSpec::with_defaults("j", origin);
+        j.iodepth = 100_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(
+            e.contains("t.fio:3") && e.contains("iodepth=100000: at most 65536"),
+            "{e}"
+        );
+        j.iodepth = 1;
+        j.numjobs = 100_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(e.contains("numjobs=100000: at most 4096"), "{e}");
+        j.numjobs = 1;
+        j.engine = EngineKind::IoUring;
+        j.iodepth = 40_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(
+            e.contains("iodepth=40000: at most 32768 with ioengine=io_uring"),
+            "{e}"
+        );
+    }
 
     /// fio's reaping (`iodepth_batch_complete_max=1`, the default) against every completion at
     /// once, on buffered reads of a small cached file through the worker-thread engine (the
