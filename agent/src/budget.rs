@@ -190,9 +190,9 @@ pub fn check_host(jobs: &[JobSpec], host: &HostFigures) -> Result<(), BudgetErro
     if let Some(available) = host.mem_available {
         if needs.memory() > available {
             let clones = jobs.iter().map(|j| j.numjobs as u64).sum();
-            let largest = largest.filter(|_| jobs.len() > 1).map(|j| {
+            let largest = largest.map(|j| {
                 format!(
-                    "job '{}' ({}): numjobs={} iodepth={} bs={}",
+                    "job '{}' at {}, with numjobs={}, iodepth={}, bs={}",
                     j.name,
                     j.origin,
                     j.numjobs,
@@ -413,7 +413,10 @@ mod tests {
         // With several jobs the message names the one that needs the most.
         let jobs = [job("small", 1, 1, 4096), job("big", 96, 32, 4 << 20)];
         let e = check_host(&jobs, &host).unwrap_err().to_string();
-        assert!(e.contains("most of it job 'big' (t.fio:1)"), "{e}");
+        assert!(
+            e.contains("most of it job 'big' at t.fio:1, with numjobs=96"),
+            "{e}"
+        );
         // Unknown figures are not checked.
         assert!(check_host(&jobs, &HostFigures::default()).is_ok());
     }

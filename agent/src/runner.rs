@@ -114,7 +114,7 @@ pub enum RunError {
     #[error("job '{job}': {message}")]
     Setup { job: String, message: String },
     /// The run does not fit the host (memory, threads, open files, disk): refused before IO.
-    #[error("{0}")]
+    #[error(transparent)]
     Budget(#[from] budget::BudgetError),
 }
 

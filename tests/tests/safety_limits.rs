@@ -1,0 +1,177 @@
+//! Hostile job files on the real `lockstep-agent run` binary (issue 13, "Safe on a production
+//! host"): each is refused with a non-zero exit and an error that names the option and line
+//! (or gives both figures of an estimate), and nothing is created in the target directory.
+//!
+//! The agent runs with its address space limited (4 GiB) and a deadline, so a regression (an
+//! include of /dev/zero read to the end, 100,000 clones set up) fails the test instead of
+//! taking the machine down with it.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_tests::{bin, scratch};
+
+/// Address space the agent may use while refusing a job file.
+const MEMORY_LIMIT: u64 = 4 << 30;
+
+/// Longest a refusal may take.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Refusal {
+    success: bool,
+    stderr: String,
+}
+
+/// Runs `lockstep-agent run JOBFILE` with a memory limit and a deadline.
+fn run(jobfile: &Path) -> Refusal {
+    let mut cmd = Command::new(bin("lockstep-agent"));
+    cmd.arg("run")
+        .arg(jobfile)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches only the child being started.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: MEMORY_LIMIT,
+                rlim_max: MEMORY_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("starting lockstep-agent");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for lockstep-agent") {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lockstep-agent was still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    Refusal {
+        success: status.success(),
+        stderr,
+    }
+}
+
+/// A scratch directory with an empty `target/` (where the job's files would go) beside the
+/// job file, which is written from `options` (`{dir}` is the target directory).
+fn refused(options: &str) -> (Refusal, Vec<String>) {
+    let dir = scratch();
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    let job = dir.path().join("hostile.fio");
+    let text = format!(
+        "[global]\ndirectory={}\n[hostile]\n{options}\n",
+        target.display()
+    );
+    std::fs::write(&job, text).unwrap();
+    let refusal = run(&job);
+    let left: Vec<String> = std::fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!refusal.success, "accepted: {}", refusal.stderr);
+    (refusal, left)
+}
+
+#[test]
+fn numjobs_100000_is_refused_at_its_line_and_nothing_is_created() {
+    let (r, left) = refused("rw=write\nsize=1m\nnumjobs=100000");
+    assert!(
+        r.stderr
+            .contains("hostile.fio:6: numjobs=100000: at most 4096"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[test]
+fn iodepth_100000_is_refused_at_its_line_and_nothing_is_created() {
+    let (r, left) = refused("rw=randread\nsize=1m\nioengine=libaio\niodepth=100000");
+    assert!(
+        r.stderr
+            .contains("hostile.fio:7: iodepth=100000: at most 65536"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(left, Vec::<String>::new());
+    let (r, left) = refused("rw=randread\nsize=1m\niodepth=40000\nioengine=io_uring");
+    assert!(
+        r.stderr
+            .contains("hostile.fio:6: iodepth=40000: at most 32768 with ioengine=io_uring"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[test]
+fn include_of_dev_zero_is_refused_naming_the_path() {
+    let (r, left) = refused("rw=read\nsize=1m\ninclude /dev/zero");
+    assert!(
+        r.stderr
+            .contains("hostile.fio:6: include /dev/zero: cannot read /dev/zero: a character device, not a regular file"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[test]
+fn a_size_bigger_than_the_free_disk_is_refused_with_both_figures() {
+    let probe = scratch();
+    let free = free_bytes(probe.path());
+    // Twice the free space, in whole MiB; write-only, so a regression allocates rather than
+    // writes.
+    let size_mib = free / (1 << 20) * 2 + 1024;
+    let (r, left) = refused(&format!("rw=write\nsize={size_mib}m"));
+    assert!(
+        r.stderr.contains("the files to lay out need ") && r.stderr.contains(" free"),
+        "{}",
+        r.stderr
+    );
+    let needed = format!("need {:.1} GiB", size_mib as f64 / 1024.0);
+    assert!(r.stderr.contains(&needed), "{needed}: {}", r.stderr);
+    assert!(r.stderr.contains("on the filesystem of "), "{}", r.stderr);
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[test]
+fn buffers_bigger_than_the_available_memory_are_refused_with_both_figures() {
+    // 4096 clones x 256 deep x 16 MiB: 16 TiB of buffers.
+    let (r, left) = refused("rw=write\nsize=16m\nbs=16m\nnumjobs=4096\niodepth=256");
+    assert!(
+        r.stderr
+            .contains("the jobs need 16400.0 GiB of memory (16384.0 GiB of IO buffers"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("GiB available (MemAvailable)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(left, Vec::<String>::new());
+}
+
+fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs reads a NUL-terminated path and writes one struct we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail as u64 * st.f_frsize as u64
+}
