@@ -16,6 +16,9 @@ use lockstep_tests::{bin, scratch};
 /// Address space the agent may use while refusing a job file.
 const MEMORY_LIMIT: u64 = 4 << 30;
 
+/// uid and gid of `nobody` (Debian's).
+const NOBODY: u32 = 65534;
+
 /// Longest a refusal may take.
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -26,20 +29,40 @@ struct Refusal {
 
 /// Runs `lockstep-agent run JOBFILE` with a memory limit and a deadline.
 fn run(jobfile: &Path) -> Refusal {
+    run_with(jobfile, None)
+}
+
+/// `run`, optionally as the unprivileged user `nobody` allowed `nproc` tasks (threads count).
+fn run_with(jobfile: &Path, nobody_nproc: Option<u64>) -> Refusal {
     let mut cmd = Command::new(bin("lockstep-agent"));
     cmd.arg("run")
         .arg(jobfile)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe and touches only the child being started.
+    // SAFETY: setrlimit, setgroups, setgid and setuid are async-signal-safe and touch only the
+    // child being started.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            let check = |r: libc::c_int| {
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
             let limit = libc::rlimit {
                 rlim_cur: MEMORY_LIMIT,
                 rlim_max: MEMORY_LIMIT,
             };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
+            check(libc::setrlimit(libc::RLIMIT_AS, &limit))?;
+            if let Some(nproc) = nobody_nproc {
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setgid(NOBODY))?;
+                check(libc::setuid(NOBODY))?;
+                let limit = libc::rlimit {
+                    rlim_cur: nproc,
+                    rlim_max: nproc,
+                };
+                check(libc::setrlimit(libc::RLIMIT_NPROC, &limit))?;
             }
             Ok(())
         });
@@ -165,6 +188,45 @@ fn buffers_bigger_than_the_available_memory_are_refused_with_both_figures() {
         r.stderr
     );
     assert_eq!(left, Vec::<String>::new());
+}
+
+/// A clone whose thread cannot be started (the user's task limit is reached) ends the run with
+/// an error naming the clone, instead of a panic, and the clones already started do not wait
+/// for it forever. Needs root, to run the agent as an unprivileged user whose limit holds.
+#[test]
+fn a_clone_thread_that_cannot_start_is_an_error_not_a_panic() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the agent as nobody with a task limit");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch();
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let job = dir.path().join("clones.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[j]\ndirectory={}\nrw=write\nsize=1m\nnumjobs=4\nruntime=2\ntime_based\n",
+            target.display()
+        ),
+    )
+    .unwrap();
+    // Four tasks: the main thread and three clones; the fourth clone cannot start.
+    let r = run_with(&job, Some(4));
+    assert!(!r.success, "{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("job 'j' (clone 3): cannot start the clone's thread"),
+        "{}",
+        r.stderr
+    );
+    let left: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+    assert_eq!(left.len(), 0, "files left behind");
 }
 
 fn free_bytes(dir: &Path) -> u64 {
