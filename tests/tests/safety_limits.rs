@@ -237,3 +237,40 @@ fn free_bytes(dir: &Path) -> u64 {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_bavail as u64 * st.f_frsize as u64
 }
+
+/// The agent daemon, driven by the coordinator (`lockstep run --local 1`), refuses the same
+/// way in its prepare step: the coordinator reports the agent's error with both figures, and
+/// the agent's volume (kept with --keep-files, to look at) holds no file.
+#[test]
+fn the_daemon_refuses_a_size_bigger_than_the_free_disk_before_io() {
+    let dir = scratch();
+    let free = free_bytes(dir.path());
+    let size_mib = free / (1 << 20) * 2 + 1024;
+    std::fs::write(
+        dir.path().join("big.fio"),
+        format!("[w]\nrw=write\nioengine=psync\nsize={size_mib}m\n"),
+    )
+    .unwrap();
+    let (o, out) = lockstep_tests::run_plan(
+        dir.path(),
+        "duration = \"2s\"\n[[role]]\nname = \"w\"\nworkload = { jobfile = \"big.fio\" }\n",
+        Some(1),
+        &["--keep-files"],
+    );
+    let text = lockstep_tests::output_text(&o);
+    assert!(!o.status.success(), "{text}");
+    let needed = format!(
+        "the files to lay out need {:.1} GiB",
+        size_mib as f64 / 1024.0
+    );
+    assert!(text.contains(&needed), "{needed}: {text}");
+    assert!(text.contains(" free"), "{text}");
+    let volumes = out.join("volumes");
+    let mut files = Vec::new();
+    for agent in std::fs::read_dir(&volumes).unwrap() {
+        for f in std::fs::read_dir(agent.unwrap().path()).unwrap() {
+            files.push(f.unwrap().path());
+        }
+    }
+    assert_eq!(files, Vec::<std::path::PathBuf>::new());
+}
