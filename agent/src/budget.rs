@@ -40,7 +40,7 @@ pub struct HostFigures {
     /// Threads this process may have: the smallest of `kernel.threads-max`,
     /// `kernel.pid_max` and `RLIMIT_NPROC`.
     pub max_threads: Option<u64>,
-    /// `RLIMIT_NOFILE` (soft).
+    /// `RLIMIT_NOFILE` (soft), or `fs.nr_open` when that is smaller (or the limit unlimited).
     pub max_open_files: Option<u64>,
 }
 
@@ -187,34 +187,34 @@ pub fn needs(jobs: &[JobSpec]) -> (Needs, Option<&JobSpec>) {
 /// Checks the jobs against the host's memory, threads and open files.
 pub fn check_host(jobs: &[JobSpec], host: &HostFigures) -> Result<(), BudgetError> {
     let (needs, largest) = needs(jobs);
-    if let Some(available) = host.mem_available {
-        if needs.memory() > available {
-            let clones = jobs.iter().map(|j| j.numjobs as u64).sum();
-            let largest = largest.map(|j| {
-                format!(
-                    "job '{}' at {}, with numjobs={}, iodepth={}, bs={}",
-                    j.name,
-                    j.origin,
-                    j.numjobs,
-                    j.iodepth,
-                    j.max_bs()
-                )
-            });
-            return Err(BudgetError::Memory {
-                needs,
-                clones,
-                available,
-                largest,
-            });
-        }
+    if let Some(available) = host.mem_available
+        && needs.memory() > available
+    {
+        let clones = jobs.iter().map(|j| j.numjobs as u64).sum();
+        let largest = largest.map(|j| {
+            format!(
+                "job '{}' at {}, with numjobs={}, iodepth={}, bs={}",
+                j.name,
+                j.origin,
+                j.numjobs,
+                j.iodepth,
+                j.max_bs()
+            )
+        });
+        return Err(BudgetError::Memory {
+            needs,
+            clones,
+            available,
+            largest,
+        });
     }
-    if let Some(allowed) = host.max_threads {
-        if needs.threads > allowed {
-            return Err(BudgetError::Threads {
-                needed: needs.threads,
-                allowed,
-            });
-        }
+    if let Some(allowed) = host.max_threads
+        && needs.threads > allowed
+    {
+        return Err(BudgetError::Threads {
+            needed: needs.threads,
+            allowed,
+        });
     }
     if let Some(allowed) = host.max_open_files {
         let needed = needs.open_files.saturating_add(RESERVED_FDS);
@@ -282,10 +282,15 @@ pub fn host_figures() -> HostFigures {
     .into_iter()
     .flatten()
     .min();
+    // An unlimited RLIMIT_NOFILE is still bounded by fs.nr_open.
+    let max_open_files = [rlimit(libc::RLIMIT_NOFILE), sysctl("/proc/sys/fs/nr_open")]
+        .into_iter()
+        .flatten()
+        .min();
     HostFigures {
         mem_available,
         max_threads,
-        max_open_files: rlimit(libc::RLIMIT_NOFILE),
+        max_open_files,
     }
 }
 
@@ -311,22 +316,20 @@ pub fn disk_needs(files: &[PlannedFile]) -> Vec<FsNeed> {
         let Ok(meta) = std::fs::metadata(dir) else {
             continue;
         };
-        if !per_fs.contains_key(&meta.dev()) {
-            let Some(free) = free_space(dir) else {
-                continue;
-            };
-            per_fs.insert(
-                meta.dev(),
-                FsNeed {
+        let need = match per_fs.entry(meta.dev()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let Some(free) = free_space(dir) else {
+                    continue;
+                };
+                e.insert(FsNeed {
                     dir: dir.to_path_buf(),
                     needed: 0,
                     free,
-                },
-            );
-        }
-        if let Some(n) = per_fs.get_mut(&meta.dev()) {
-            n.needed = n.needed.saturating_add(short);
-        }
+                })
+            }
+        };
+        need.needed = need.needed.saturating_add(short);
     }
     per_fs.into_values().collect()
 }

@@ -647,6 +647,9 @@ fn finish_job(
     for option in overrides {
         apply_option(&mut job, option, false)?;
     }
+    if let Some(message) = limits::numjobs_problem(job.spec.numjobs) {
+        return Err(job.limit_error(&job.numjobs_at, "numjobs", message));
+    }
     if let Some(message) = limits::iodepth_problem(job.spec.engine, job.spec.iodepth) {
         return Err(job.limit_error(&job.iodepth_at, "iodepth", message));
     }
@@ -1319,13 +1322,7 @@ fn apply(
             }
         }
         "iodepth" => spec.iodepth = count_u32(value, kb, 1)?,
-        "numjobs" => {
-            let n = count_u32(value, kb, 1)?;
-            if let Some(message) = limits::numjobs_problem(n) {
-                return Err(Problem::Invalid(message));
-            }
-            spec.numjobs = n;
-        }
+        "numjobs" => spec.numjobs = count_u32(value, kb, 1)?,
         "direct" => spec.direct = boolean(value)?,
         "buffered" => spec.direct = !boolean(value)?,
         // runtime=0 is fio's default: no time limit.
