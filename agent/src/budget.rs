@@ -133,11 +133,17 @@ pub fn clone_needs(job: &JobSpec) -> Needs {
         }
         _ => 0,
     };
-    let verify = match (job.verify, &job.size) {
-        (Some(_), Some(crate::job::Extent::Bytes(size))) => {
-            size / job.min_bs().max(1) * VERIFY_BYTES_PER_BLOCK
-        }
+    // The verified region: every file's `filesize`, else `size`; a percentage of files not
+    // yet known is left out (the files' sizes are only known once they are planned).
+    let region = match (job.filesize, &job.size) {
+        (Some(filesize), _) => filesize.saturating_mul(job.nrfiles.max(1) as u64),
+        (None, Some(crate::job::Extent::Bytes(size))) => *size,
         _ => 0,
+    };
+    let verify = if job.verify.is_some() {
+        region / job.min_bs().max(1) * VERIFY_BYTES_PER_BLOCK
+    } else {
+        0
     };
     let workers = if job.engine == EngineKind::Psync && depth > 1 {
         depth
@@ -391,10 +397,17 @@ mod tests {
         let mut j = job("j", 1, 1, 4096);
         j.verify = Some(VerifyKind::Crc32c);
         j.size = Some(crate::job::Extent::Bytes(GIB));
-        let (n, _) = needs(&[j]);
+        let (n, _) = needs(std::slice::from_ref(&j));
         assert_eq!(
             n.overhead,
             CLONE_OVERHEAD + GIB / 4096 * VERIFY_BYTES_PER_BLOCK
+        );
+        j.filesize = Some(GIB);
+        j.nrfiles = 2;
+        let (n, _) = needs(&[j]);
+        assert_eq!(
+            n.overhead,
+            CLONE_OVERHEAD + 2 * GIB / 4096 * VERIFY_BYTES_PER_BLOCK
         );
     }
 

@@ -13,6 +13,7 @@
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
 //! - `limits`: hard limits checked before anything runs (fio's `numjobs`/`iodepth` bounds,
 //!   small regular job files);
+//! - `budget`: estimates before IO (memory, threads, open files, disk) against the host's;
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
