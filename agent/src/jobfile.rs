@@ -25,6 +25,7 @@ use std::time::Duration;
 use crate::job::{
     BlockSizes, Distribution, EngineKind, Extent, JobSpec, Origin, Pattern, RateProcess, VerifyKind,
 };
+use crate::limits::{self, MAX_TEXT_FILE, TextFileError};
 use crate::units::{self, KbBase, TimeUnit};
 
 /// How deep `include` may nest. fio has no limit; a chain this deep is a mistake or a cycle
@@ -51,7 +52,7 @@ pub enum JobFileError {
     Read {
         file: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: TextFileError,
     },
     #[error("{}: no jobs: the file has no job section (add e.g. [job1])", .file.display())]
     NoJobs { file: PathBuf },
@@ -91,7 +92,8 @@ pub enum JobFileError {
     Value {
         at: Place,
         option: String,
-        /// As written (with its `${VAR}` expansion, if any); `None` for a bare option.
+        /// As written, before `${VAR}` expansion (an environment value may be a secret, and
+        /// errors travel to the coordinator); `None` for a bare option.
         value: Option<String>,
         message: String,
     },
@@ -150,9 +152,11 @@ pub fn parse_file(
     path: &Path,
     overrides: &[(String, String)],
 ) -> Result<Vec<JobSpec>, JobFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| JobFileError::Read {
-        file: path.to_path_buf(),
-        source,
+    let text = limits::read_text_file(path, MAX_TEXT_FILE, "job file").map_err(|source| {
+        JobFileError::Read {
+            file: path.to_path_buf(),
+            source,
+        }
     })?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -200,6 +204,7 @@ fn parse_with_env(
             // `--set time_based=` means the bare option, as `time_based` alone on a line.
             value: Some(value.trim().to_string()).filter(|v| !v.is_empty()),
             shown: Some(value.clone()),
+            env_values: Vec::new(),
             at: Place::Override {
                 key: key.clone(),
                 value: value.clone(),
@@ -214,8 +219,11 @@ fn parse_with_env(
 struct RawOption {
     key: String,
     value: Option<String>,
-    /// The value as it should appear in messages: as written, plus its expansion if different.
+    /// The value as it should appear in messages: as written, never expanded.
     shown: Option<String>,
+    /// `(name, value)` of every `${VAR}` expanded in the value: messages about the value must
+    /// not quote these (see `redact`).
+    env_values: Vec<(String, String)>,
     at: Place,
 }
 
@@ -326,7 +334,7 @@ impl Reader<'_> {
                     .to_string(),
             ));
         };
-        let expanded = expand(target, self.env).map_err(|e| match e {
+        let (expanded, vars) = expand(target, self.env).map_err(|e| match e {
             ExpandError::Unset(var) => JobFileError::UnsetVariable {
                 at: at.clone(),
                 option: "include".to_string(),
@@ -340,8 +348,14 @@ impl Reader<'_> {
                 "includes nested more than {MAX_INCLUDE_DEPTH} deep"
             )));
         }
-        let canonical = std::fs::canonicalize(&path)
-            .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+        // The path is shown as written when the environment made it: values are not echoed.
+        let shown = if vars.is_empty() {
+            path.display().to_string()
+        } else {
+            format!("{target} (expanded path not shown)")
+        };
+        let canonical =
+            std::fs::canonicalize(&path).map_err(|e| fail(format!("cannot read {shown}: {e}")))?;
         if let Some(start) = self.chain.iter().position(|p| *p == canonical) {
             let cycle: Vec<String> = self.chain[start..]
                 .iter()
@@ -350,8 +364,8 @@ impl Reader<'_> {
                 .collect();
             return Err(fail(format!("include cycle: {}", cycle.join(" -> "))));
         }
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+        let text = limits::read_text_file(&path, MAX_TEXT_FILE, "job file")
+            .map_err(|e| fail(format!("cannot read {shown}: {e}")))?;
         self.chain.push(canonical);
         let nested_dir = path.parent().map(Path::to_path_buf);
         let result = self.read(&text, &path, nested_dir.as_deref(), true);
@@ -378,31 +392,29 @@ impl Reader<'_> {
                 ),
             });
         }
-        let value = match raw {
-            None => None,
-            Some(raw) => Some(expand(raw, self.env).map_err(|e| match e {
-                ExpandError::Unset(var) => JobFileError::UnsetVariable {
-                    at: at.clone(),
-                    option: key.to_string(),
-                    var,
-                },
-                ExpandError::Malformed(message) => JobFileError::Value {
-                    at: Place::Line(at.clone()),
-                    option: key.to_string(),
-                    value: Some(raw.to_string()),
-                    message,
-                },
-            })?),
-        };
-        let shown = match (raw, &value) {
-            (Some(raw), Some(v)) if raw != v => Some(format!("{raw} (expanded: '{v}')")),
-            (Some(raw), _) => Some(raw.to_string()),
-            (None, _) => None,
+        let (value, vars) = match raw {
+            None => (None, Vec::new()),
+            Some(raw) => expand(raw, self.env)
+                .map(|(v, vars)| (Some(v), vars))
+                .map_err(|e| match e {
+                    ExpandError::Unset(var) => JobFileError::UnsetVariable {
+                        at: at.clone(),
+                        option: key.to_string(),
+                        var,
+                    },
+                    ExpandError::Malformed(message) => JobFileError::Value {
+                        at: Place::Line(at.clone()),
+                        option: key.to_string(),
+                        value: Some(raw.to_string()),
+                        message,
+                    },
+                })?,
         };
         self.items.push(Item::Option(RawOption {
             key: key.to_string(),
             value,
-            shown,
+            shown: raw.map(str::to_string),
+            env_values: vars,
             at: Place::Line(at),
         }));
         Ok(())
@@ -434,8 +446,13 @@ enum ExpandError {
 }
 
 /// Expands `${VAR}` from `env`, then fio's reserved keywords `$pagesize`, `$mb_memory`,
-/// `$ncpus`.
-fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ExpandError> {
+/// `$ncpus`. Also returns `(name, value)` of the variables expanded, so that errors can leave
+/// their values out.
+fn expand(
+    value: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(String, Vec<(String, String)>), ExpandError> {
+    let mut vars = Vec::new();
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {
@@ -451,7 +468,10 @@ fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, E
             ));
         }
         match env(name) {
-            Some(v) => out.push_str(&v),
+            Some(v) => {
+                out.push_str(&v);
+                vars.push((name.to_string(), v));
+            }
             None => return Err(ExpandError::Unset(name.to_string())),
         }
         rest = &after[end + 1..];
@@ -462,7 +482,29 @@ fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, E
             out = out.replace(keyword, &value.to_string());
         }
     }
-    Ok(out)
+    Ok((out, vars))
+}
+
+/// Takes environment values out of a message about a value: job text from the coordinator is
+/// expanded with the agent's environment, and the error goes back over the network, so a
+/// `${SECRET}` must not come back expanded. Each value is replaced by `${NAME}`; so are its
+/// pieces between the separators option values are split at (`,` `:` `/` `;` and spaces), as
+/// messages quote such pieces. Pieces shorter than 3 characters are left: replacing them would
+/// garble the message and they reveal nothing a guess would not.
+fn redact(message: &str, env_values: &[(String, String)]) -> String {
+    let mut out = message.to_string();
+    for (name, value) in env_values {
+        let mut pieces: Vec<&str> = value
+            .split([',', ':', '/', ';', ' ', '\t'])
+            .filter(|p| p.len() >= 3)
+            .collect();
+        pieces.push(value);
+        pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for piece in pieces.into_iter().filter(|p| !p.is_empty()) {
+            out = out.replace(piece, &format!("${{{name}}}"));
+        }
+    }
+    out
 }
 
 /// fio's reserved keywords and their values on this machine.
@@ -496,6 +538,10 @@ struct Builder {
     /// `bssplit=` per direction. fio uses bssplit over bs whichever came first, so they are
     /// kept apart and merged in `finish`.
     bssplit: [Option<BlockSizes>; 2],
+    /// Where `iodepth` and `numjobs` were last set, for limits that are only known once the
+    /// job is complete (the depth's bound depends on `ioengine`, which may come later).
+    iodepth_at: Option<RawOption>,
+    numjobs_at: Option<RawOption>,
 }
 
 impl Builder {
@@ -505,6 +551,31 @@ impl Builder {
             kb: KbBase::default(),
             bs: [None, None],
             bssplit: [None, None],
+            iodepth_at: None,
+            numjobs_at: None,
+        }
+    }
+
+    /// An error about the option last given as `given` (or the job's section line).
+    fn limit_error(
+        &self,
+        given: &Option<RawOption>,
+        option: &str,
+        message: String,
+    ) -> JobFileError {
+        match given {
+            Some(o) => JobFileError::Value {
+                at: o.at.clone(),
+                option: o.key.clone(),
+                value: o.shown.clone(),
+                message,
+            },
+            None => JobFileError::Value {
+                at: Place::Line(self.spec.origin.clone()),
+                option: option.to_string(),
+                value: None,
+                message,
+            },
         }
     }
 
@@ -533,13 +604,14 @@ fn build_jobs(
         },
     ));
     let mut jobs = Vec::new();
+    let mut clones = 0u64;
     // `None` while in [global] (the reader refuses options before any section).
     let mut current: Option<Builder> = None;
     for item in items {
         match item {
             Item::Section { name, at } => {
                 if let Some(job) = current.take() {
-                    jobs.push(finish_job(job, overrides)?);
+                    jobs.push(finish_job(job, overrides, &mut clones)?);
                 }
                 if name != "global" {
                     let mut job = global.clone();
@@ -555,7 +627,7 @@ fn build_jobs(
         }
     }
     if let Some(job) = current.take() {
-        jobs.push(finish_job(job, overrides)?);
+        jobs.push(finish_job(job, overrides, &mut clones)?);
     }
     if jobs.is_empty() {
         return Err(JobFileError::NoJobs {
@@ -565,9 +637,25 @@ fn build_jobs(
     Ok(jobs)
 }
 
-fn finish_job(mut job: Builder, overrides: &[RawOption]) -> Result<JobSpec, JobFileError> {
+/// Applies the overrides, checks the limits that need the whole job (`clones`: the file's
+/// clones so far, this job's added) and builds the spec.
+fn finish_job(
+    mut job: Builder,
+    overrides: &[RawOption],
+    clones: &mut u64,
+) -> Result<JobSpec, JobFileError> {
     for option in overrides {
         apply_option(&mut job, option, false)?;
+    }
+    if let Some(message) = limits::numjobs_problem(job.spec.numjobs) {
+        return Err(job.limit_error(&job.numjobs_at, "numjobs", message));
+    }
+    if let Some(message) = limits::iodepth_problem(job.spec.engine, job.spec.iodepth) {
+        return Err(job.limit_error(&job.iodepth_at, "iodepth", message));
+    }
+    *clones += job.spec.numjobs as u64;
+    if let Some(message) = limits::total_jobs_problem(*clones) {
+        return Err(job.limit_error(&job.numjobs_at, "numjobs", message));
     }
     Ok(job.finish())
 }
@@ -591,7 +679,15 @@ fn apply_option(
     option: &RawOption,
     in_global: bool,
 ) -> Result<(), JobFileError> {
-    apply(job, &option.key, option.value.as_deref(), in_global).map_err(|problem| match problem {
+    let applied = apply(job, &option.key, option.value.as_deref(), in_global);
+    if applied.is_ok() {
+        match canonical(&option.key) {
+            "iodepth" => job.iodepth_at = Some(option.clone()),
+            "numjobs" => job.numjobs_at = Some(option.clone()),
+            _ => {}
+        }
+    }
+    applied.map_err(|problem| match problem {
         Problem::Unknown(suggestion) => JobFileError::UnknownOption {
             at: option.at.clone(),
             option: option.key.clone(),
@@ -606,7 +702,7 @@ fn apply_option(
             at: option.at.clone(),
             option: option.key.clone(),
             value: option.shown.clone(),
-            message,
+            message: redact(&message, &option.env_values),
         },
     })
 }
@@ -1836,7 +1932,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "t.fio:2: size=${SIZE} (expanded: '4q'): not a size (expected e.g. 4k, 1m)"
+            "t.fio:2: size=${SIZE}: not a size (expected e.g. 4k, 1m)"
         );
         assert!(err("[j]\nsize=${OPEN\n").contains("without a closing"));
     }
@@ -2039,6 +2135,132 @@ mod tests {
             e.to_string()
                 .starts_with("/nonexistent/x.fio: cannot read job file")
         );
+    }
+
+    // ---- limits (issue 13: safe on a production host) ----
+
+    #[test]
+    fn numjobs_is_bounded_as_in_fio() {
+        assert_eq!(
+            job_err("numjobs=100000"),
+            "jobs/t.fio:2: numjobs=100000: at most 4096 clones (fio refuses more jobs than its \
+             REAL_MAX_JOBS, 4096); lower numjobs"
+        );
+        assert_eq!(job("numjobs=4096").numjobs, 4096);
+        // fio counts every clone of every job against the one limit.
+        let e = err("[a]\nnumjobs=4000\n[b]\nnumjobs=97\n");
+        assert_eq!(
+            e,
+            "jobs/t.fio:4: numjobs=97: the job file asks for 4097 clones in all; fio runs at most \
+             4096 (its REAL_MAX_JOBS); lower numjobs or split the job file"
+        );
+    }
+
+    #[test]
+    fn iodepth_is_bounded_per_engine() {
+        assert_eq!(
+            job_err("iodepth=100000"),
+            "jobs/t.fio:2: iodepth=100000: at most 65536 (the deepest queue fio runs, libaio \
+             with the default fs.aio-max-nr); lower iodepth"
+        );
+        let e = job_err("ioengine=io_uring\niodepth=32769");
+        assert!(
+            e.starts_with("jobs/t.fio:3: iodepth=32769: at most 32768 with ioengine=io_uring"),
+            "{e}"
+        );
+        // The engine may come after the depth; the error still points at the depth's line.
+        let e = job_err("iodepth=40000\nioengine=libaio");
+        assert!(
+            e.starts_with("jobs/t.fio:2: iodepth=40000: at most 32768 with ioengine=libaio"),
+            "{e}"
+        );
+        let e = job_err("iodepth=257");
+        assert!(
+            e.starts_with("jobs/t.fio:2: iodepth=257: at most 256 with ioengine=psync"),
+            "{e}"
+        );
+        assert_eq!(job("ioengine=io_uring\niodepth=32768").iodepth, 32768);
+        assert_eq!(job("iodepth=256").iodepth, 256);
+        assert_eq!(job("ioengine=null\niodepth=65536").iodepth, 65536);
+        // From [global], the error points at the global's line.
+        let e = err("[global]\niodepth=300\n[j]\n");
+        assert!(
+            e.starts_with("jobs/t.fio:2: iodepth=300: at most 256"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn job_files_must_be_small_regular_files() {
+        let e = parse_file(Path::new("/dev/zero"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "/dev/zero: cannot read job file: a character device, not a regular file"
+            ),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let e = parse_file(dir.path(), &[]).unwrap_err().to_string();
+        assert!(e.contains("a directory, not a regular file"), "{e}");
+        let big = write(dir.path(), "big.fio", &"; padding\n".repeat(200_000));
+        let e = parse_file(&big, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("2000000 bytes, more than the 1048576 a job file may have"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn includes_must_be_small_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "main.fio", "[j]\ninclude /dev/zero\n");
+        let e = parse_file(&main, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("main.fio:2: include /dev/zero: cannot read /dev/zero: a character device"),
+            "{e}"
+        );
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path that lives for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let main = write(dir.path(), "fifo.fio", "[j]\ninclude fifo\n");
+        // A FIFO with no writer would block a plain open forever; it must be refused at once.
+        let e = parse_file(&main, &[]).unwrap_err().to_string();
+        assert!(e.contains("a FIFO, not a regular file"), "{e}");
+        write(dir.path(), "sub/x", "");
+        let main = write(dir.path(), "dir.fio", "[j]\ninclude sub\n");
+        let e = parse_file(&main, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("include sub: cannot read") && e.contains("a directory"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_do_not_echo_expanded_environment_values() {
+        let vars: HashMap<&str, &str> =
+            [("SECRET", "hunter2-token"), ("SIZE", "4q"), ("N", "0.5")].into();
+        let env = |name: &str| vars.get(name).map(|v| v.to_string());
+        let e = |text: &str| {
+            parse_with_env(text, Path::new("t.fio"), None, &[], &env)
+                .unwrap_err()
+                .to_string()
+        };
+        let shown = e("[j]\nsize=${SECRET}\n");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.starts_with("t.fio:2: size=${SECRET}: not a size"),
+            "{shown}"
+        );
+        // Messages that quote part of the value quote it as written too.
+        let shown = e("[j]\nbssplit=4k/${SECRET}\n");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let shown = e("[j]\nsize=1.${SECRET}g\n");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let shown = e("[j]\ndescription=x\nrw=${SECRET}\n");
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     // ---- the job files in the repository ----

@@ -12,6 +12,9 @@
 //! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
 //! - `confine`: where a job may touch files, and opens that cannot leave a volume;
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
+//! - `limits`: hard limits checked before anything runs (fio's `numjobs`/`iodepth` bounds,
+//!   small regular job files);
+//! - `budget`: estimates before IO (memory, threads, open files, disk) against the host's;
 //! - `runner`: runs jobs on threads, with ramp, runtime, stonewall groups and intervals;
 //! - `report/`: the results structure and one exporter per format;
 //! - `standalone`: `lockstep-agent run JOBFILE`, like `fio JOBFILE`; `progress`: bars and live lines;
@@ -21,6 +24,7 @@
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
+pub mod budget;
 pub mod confine;
 pub mod daemon;
 pub mod engine;
@@ -28,6 +32,7 @@ pub mod fault;
 pub mod job;
 pub mod jobfile;
 pub mod layout;
+pub mod limits;
 pub mod progress;
 pub mod rate;
 pub mod registry;

@@ -15,13 +15,15 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::budget;
 use crate::engine::{self, Completion, IoOp};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
 use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
+use crate::limits;
 use crate::rate::RateScheduler;
 use crate::report::{JobReport, RunReport};
 use crate::stats::{
@@ -111,6 +113,9 @@ pub enum RunError {
     Layout(#[from] LayoutError),
     #[error("job '{job}': {message}")]
     Setup { job: String, message: String },
+    /// The run does not fit the host (memory, threads, open files, disk): refused before IO.
+    #[error(transparent)]
+    Budget(#[from] budget::BudgetError),
 }
 
 /// Runs every job of a job file and returns what they measured: `prepare` then `execute`.
@@ -129,12 +134,23 @@ pub struct PreparedRun {
     created: CreatedFiles,
 }
 
-/// Validates every job, plans every file (any bad target is refused before anything is
-/// written) and lays files out: files that are read or verified are filled with data first.
+/// Validates every job, checks that the run fits the host's memory, threads and open files,
+/// plans every file and checks that they fit the free disk space (anything refused is
+/// refused before anything is written) and lays files out: files that are read or verified
+/// are filled with data first.
 pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunError> {
+    let mut clones = 0u64;
     for job in jobs {
         validate(job)?;
+        clones += job.numjobs as u64;
+        if let Some(problem) = limits::total_jobs_problem(clones) {
+            return Err(RunError::Setup {
+                job: job.name.clone(),
+                message: format!("{}: numjobs={}: {problem}", job.origin, job.numjobs),
+            });
+        }
     }
+    budget::check_host(jobs, &budget::host_figures())?;
     let mut plans: Vec<Vec<Vec<PlannedFile>>> = Vec::new();
     for job in jobs {
         let mut per_clone = Vec::new();
@@ -148,6 +164,8 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
         plans.push(per_clone);
     }
     check_verified_files_are_private(jobs, &plans)?;
+    let all_files: Vec<PlannedFile> = plans.iter().flatten().flatten().cloned().collect();
+    budget::check_disk(&budget::disk_needs(&all_files))?;
     let mut created = CreatedFiles::default();
     let needs_data = |j: &JobSpec| j.pattern.reads() || j.verify.is_some();
     let files_of = |want_data: bool| -> Vec<PlannedFile> {
@@ -297,6 +315,30 @@ fn validate(job: &JobSpec) -> Result<(), RunError> {
         job: job.name.clone(),
         message,
     };
+    if let Some(problem) = limits::numjobs_problem(job.numjobs) {
+        return Err(err(format!(
+            "{}: numjobs={}: {problem}",
+            job.origin, job.numjobs
+        )));
+    }
+    if let Some(problem) = limits::iodepth_problem(job.engine, job.iodepth) {
+        return Err(err(format!(
+            "{}: iodepth={}: {problem}",
+            job.origin, job.iodepth
+        )));
+    }
+    // Where io_uring is refused, io_uring and libaio jobs fall back to a thread per IO in
+    // flight; a depth that fallback cannot run is refused now, not when the clone starts.
+    let uring = matches!(job.engine, EngineKind::IoUring | EngineKind::Libaio);
+    if uring && job.iodepth > limits::MAX_SYNC_WORKERS && !engine::uring_available() {
+        return Err(err(format!(
+            "{}: iodepth={}: io_uring is not available here, and the pread/pwrite fallback \
+             runs at most {} IOs in flight (one thread each); lower iodepth or allow io_uring",
+            job.origin,
+            job.iodepth,
+            limits::MAX_SYNC_WORKERS
+        )));
+    }
     if job.time_based && job.runtime.is_none() {
         return Err(err(
             "time_based needs runtime= (otherwise the job never ends)".into(),
@@ -331,7 +373,7 @@ fn run_group(
     opts: &RunOptions,
 ) -> Vec<JobReport> {
     let clones: usize = jobs[range.clone()].iter().map(|j| j.numjobs as usize).sum();
-    let barrier = Arc::new(Barrier::new(clones));
+    let barrier = Arc::new(StartBarrier::new(clones));
     let run_seed = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -342,8 +384,9 @@ fn run_group(
     // closures to return. A panicking clone still makes the scope panic, as a join did.
     let (tx, rx) = std::sync::mpsc::channel::<(usize, JobReport)>();
     let mut count = 0usize;
+    let tx_failed = tx.clone();
     std::thread::scope(|scope| {
-        for idx in range.clone() {
+        'spawn: for idx in range.clone() {
             let job = &jobs[idx];
             for clone in 0..job.numjobs {
                 let base = if job.randrepeat {
@@ -370,19 +413,98 @@ fn run_group(
                 };
                 let (tx, n) = (tx.clone(), count);
                 count += 1;
-                std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name(format!("{}.{}", job.name, clone))
                     .spawn_scoped(scope, move || {
                         let _ = tx.send((n, run_clone(ctx)));
-                    })
-                    .expect("spawning a job thread");
+                    });
+                if let Err(e) = spawned {
+                    // The clones already started must not wait for the rest at the barrier,
+                    // and a run missing clones measures something else: stop it.
+                    barrier.forfeit(clones - n);
+                    opts.stop.store(true, Ordering::Relaxed);
+                    let _ = tx_failed.send((n, failed_clone(job, clone, groupid, &e)));
+                    break 'spawn;
+                }
             }
         }
     });
     drop(tx);
+    drop(tx_failed);
     let mut reports: Vec<(usize, JobReport)> = rx.into_iter().collect();
     reports.sort_by_key(|(n, _)| *n);
     reports.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The report of a clone whose thread could not be started.
+fn failed_clone(job: &JobSpec, clone: u32, groupid: u32, e: &std::io::Error) -> JobReport {
+    JobReport {
+        spec: job.clone(),
+        clone,
+        groupid,
+        stats: JobStats::new(job.rate.is_limited()),
+        error: Some(format!(
+            "cannot start the clone's thread: {e}; the run was stopped (lower numjobs, or \
+             raise the host's thread limits)"
+        )),
+        started: SystemTime::now(),
+        verify: None,
+        abandoned: Vec::new(),
+    }
+}
+
+/// The start barrier of a stonewall group: `std::sync::Barrier`, except that parties that
+/// will never arrive (a clone whose thread could not be started) can be counted out with
+/// `forfeit`, so the clones already waiting are released instead of waiting forever.
+struct StartBarrier {
+    state: Mutex<BarrierState>,
+    released: Condvar,
+}
+
+struct BarrierState {
+    arrived: usize,
+    expected: usize,
+    open: bool,
+    leader_taken: bool,
+}
+
+impl StartBarrier {
+    fn new(expected: usize) -> Self {
+        StartBarrier {
+            state: Mutex::new(BarrierState {
+                arrived: 0,
+                expected,
+                open: expected == 0,
+                leader_taken: false,
+            }),
+            released: Condvar::new(),
+        }
+    }
+
+    /// Waits until every expected party has arrived (or been counted out); exactly one
+    /// returning party is told it is the leader.
+    fn wait(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.arrived += 1;
+        if s.arrived >= s.expected {
+            s.open = true;
+            self.released.notify_all();
+        }
+        while !s.open {
+            s = self.released.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        !std::mem::replace(&mut s.leader_taken, true)
+    }
+
+    /// Counts out `n` parties that will never arrive.
+    fn forfeit(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.expected = s.expected.saturating_sub(n);
+        if s.arrived >= s.expected {
+            s.open = true;
+            self.released.notify_all();
+        }
+    }
 }
 
 /// SplitMix-style mixing so clones and jobs get independent streams from one seed.
@@ -400,7 +522,7 @@ struct CloneCtx<'a> {
     groupid: u32,
     files: &'a [PlannedFile],
     seed: u64,
-    barrier: Arc<Barrier>,
+    barrier: Arc<StartBarrier>,
     opts: &'a RunOptions,
     faults: CloneFaults,
 }
@@ -413,21 +535,32 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(slots: usize, slot_len: usize, seed: u64) -> Self {
+    /// Allocates and fills the buffers; running out of memory is an error for the clone (the
+    /// budget checked before IO makes it rare), never an abort of the whole agent.
+    fn new(slots: usize, slot_len: usize, seed: u64) -> Result<Self, String> {
         let slot_len = slot_len.next_multiple_of(4096);
-        let layout =
-            std::alloc::Layout::from_size_align(slots * slot_len, 4096).expect("buffer layout");
+        let size = slots.checked_mul(slot_len);
+        let layout = size
+            .and_then(|size| std::alloc::Layout::from_size_align(size, 4096).ok())
+            .ok_or_else(|| {
+                format!("{slots} IO buffers of {slot_len} bytes do not fit in memory")
+            })?;
         // SAFETY: non-zero size (slots >= 1, slot_len >= 4096).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory allocating IO buffers");
+        if ptr.is_null() {
+            return Err(format!(
+                "cannot allocate {} of IO buffers (iodepth x largest bs); lower iodepth or bs",
+                budget::gib(layout.size() as u64)
+            ));
+        }
         // SAFETY: ptr is valid for layout.size() bytes, owned by us.
         let all = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
         layout::fill_pseudo_random(all, seed);
-        Buffers {
+        Ok(Buffers {
             ptr,
             layout,
             slot_len,
-        }
+        })
     }
     fn slot(&self, i: usize) -> *mut u8 {
         // SAFETY: i < slots, so the offset stays inside the allocation.
@@ -570,7 +703,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             .map_err(|e| e.to_string())?;
         // Buffers are allocated and filled before the barrier so that a synchronized start
         // is not delayed by touching (possibly hundreds of MiB of) memory.
-        let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
+        let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed)?;
         // The engine is built last, with the files and buffers it may register; both outlive
         // it (the engine is dropped, or forgotten with them, at the end of the clone).
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
@@ -586,7 +719,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             engine::build(job.engine, depth as u32, &resources).map_err(|e| e.to_string())?;
         Ok((files, fds, generator, engine, rate, buffers))
     })();
-    let leader = ctx.barrier.wait().is_leader();
+    let leader = ctx.barrier.wait();
     // Real-time priority (where permitted) only for the wake-up itself: the start instant is
     // read while still holding it, then the thread is an ordinary one again. (Holding it to
     // the first submit made eight clones on two cores queue behind each other for ~5 ms.)
@@ -1672,6 +1805,65 @@ fn sleep_until_unless_stopped(t: Instant, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clone that could not be started is counted out, so the ones waiting start anyway,
+    /// and exactly one of them leads (reports the group's start).
+    #[test]
+    fn the_start_barrier_releases_when_missing_parties_are_counted_out() {
+        let barrier = Arc::new(StartBarrier::new(3));
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let b = barrier.clone();
+                std::thread::spawn(move || b.wait())
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            waiting.iter().all(|h| !h.is_finished()),
+            "released too early"
+        );
+        barrier.forfeit(1);
+        let leaders: usize = waiting
+            .into_iter()
+            .map(|h| h.join().unwrap() as usize)
+            .sum();
+        assert_eq!(leaders, 1);
+        // Without a forfeit it is a plain barrier: the last to arrive opens it.
+        let barrier = Arc::new(StartBarrier::new(2));
+        let b = barrier.clone();
+        let first = std::thread::spawn(move || b.wait());
+        let second = barrier.wait();
+        assert_eq!(first.join().unwrap() as usize + second as usize, 1);
+    }
+
+    /// Jobs that did not come from a job file (built in code, or edited after parsing) meet the
+    /// same limits before anything is planned or written.
+    #[test]
+    fn validate_bounds_clones_and_depth() {
+        let origin = crate::job::Origin {
+            file: "t.fio".into(),
+            line: 3,
+        };
+        let mut j = JobSpec::with_defaults("j", origin);
+        j.iodepth = 100_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(
+            e.contains("t.fio:3") && e.contains("iodepth=100000: at most 65536"),
+            "{e}"
+        );
+        j.iodepth = 1;
+        j.numjobs = 100_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(e.contains("numjobs=100000: at most 4096"), "{e}");
+        j.numjobs = 1;
+        j.engine = EngineKind::IoUring;
+        j.iodepth = 40_000;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(
+            e.contains("iodepth=40000: at most 32768 with ioengine=io_uring"),
+            "{e}"
+        );
+    }
 
     /// fio's reaping (`iodepth_batch_complete_max=1`, the default) against every completion at
     /// once, on buffered reads of a small cached file through the worker-thread engine (the

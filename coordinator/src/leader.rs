@@ -265,9 +265,7 @@ pub async fn run_state(
 
 /// Queues a plan for the leader; returns its run id.
 pub async fn submit(endpoints: &[String], prefix: &str, plan: &Path) -> anyhow::Result<String> {
-    use anyhow::Context;
-    let text =
-        std::fs::read_to_string(plan).with_context(|| format!("reading {}", plan.display()))?;
+    let text = crate::plan::read_plan_text(plan)?;
     // Refuse a bad plan here, with its line, rather than in the leader's log.
     let parsed = crate::plan::load(plan)?;
     let stem: String = parsed

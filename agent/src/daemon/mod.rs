@@ -367,118 +367,173 @@ impl AgentService {
         }
     }
 
-    /// Checks and lays out every volume's work. `stop` ends a layout between chunks; whatever
-    /// was laid out for the run is removed when any volume fails or the layout is stopped.
+    /// Prepares every volume of a run. Everything that can be refused without writing (job
+    /// text, confinement, faults, and the memory/threads/open files the volumes need together)
+    /// is checked for all volumes first; then each is laid out, and if one fails the ones
+    /// already laid out are removed, so a refused prepare leaves nothing behind.
+    /// `stop` ends a layout between chunks; what was laid out for the run is then removed too.
     fn prepare_volumes(
         cfg: &DaemonConfig,
         req: &PrepareRequest,
         stop: &Arc<AtomicBool>,
     ) -> Result<Vec<PreparedVolume>, String> {
+        let checked = req
+            .work
+            .iter()
+            .map(|work| Self::check_volume(cfg, req, work))
+            .collect::<Result<Vec<_>, String>>()?;
+        let all: Vec<JobSpec> = checked
+            .iter()
+            .flat_map(|c| c.jobs.iter().cloned())
+            .collect();
+        crate::budget::check_host(&all, &crate::budget::host_figures()).map_err(|e| {
+            if checked.len() > 1 {
+                format!("{} volumes together: {e}", checked.len())
+            } else {
+                e.to_string()
+            }
+        })?;
         let mut out: Vec<PreparedVolume> = Vec::new();
-        let result = Self::prepare_each(cfg, req, stop, &mut out);
+        let mut failure = None;
+        for volume in checked {
+            match Self::lay_out_volume(cfg, volume, stop) {
+                Ok(prepared) => out.push(prepared),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
         let stopped = stop.load(Ordering::Relaxed);
-        if result.is_err() || stopped {
+        if failure.is_some() || stopped {
             for v in &mut out {
                 v.run.discard(false);
             }
         }
-        match result {
-            Err(e) if !stopped => Err(e),
+        match failure {
             _ if stopped => {
                 Err("stopped during the layout (aborted, or the agent is shutting down)".into())
             }
-            _ => Ok(out),
+            Some(e) => Err(e),
+            None => Ok(out),
         }
     }
 
-    fn prepare_each(
-        cfg: &DaemonConfig,
+    /// One volume's work, parsed and checked; nothing written.
+    fn check_volume<'a>(
+        cfg: &'a DaemonConfig,
         req: &PrepareRequest,
-        stop: &Arc<AtomicBool>,
-        out: &mut Vec<PreparedVolume>,
-    ) -> Result<(), String> {
-        for work in &req.work {
-            let vol = cfg
-                .volumes
-                .iter()
-                .find(|v| v.name == work.volume)
-                .ok_or_else(|| {
-                    format!(
-                        "this agent has no volume '{}' (it has: {})",
-                        work.volume,
-                        cfg.volumes
-                            .iter()
-                            .map(|v| v.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })?;
-            let origin = std::path::PathBuf::from(format!("{}/{}.fio", req.run_id, work.volume));
-            let overrides: Vec<(String, String)> = work
-                .overrides
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let mut jobs: Vec<JobSpec> =
-                jobfile::parse_str(&work.jobfile, &origin, None, &overrides)
-                    .map_err(|e| format!("volume '{}': {e}", work.volume))?;
-            for job in &mut jobs {
-                vol.confine(job).map_err(|e| e.to_string())?;
-            }
-            let faults = work
-                .faults_json
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    let spec: FaultSpec = serde_json::from_str(f)
-                        .map_err(|e| format!("volume '{}': fault {}: {e}", work.volume, i + 1))?;
-                    Ok(spec)
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            crate::fault::validate_all(&faults)
-                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
-            for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
-                agent_faults::check(f, cfg.allow_exec)
-                    .map_err(|e| format!("volume '{}': fault {e}", work.volume))?;
-            }
-            let opts = RunOptions {
-                allow_block_devices: cfg.allow_block_devices,
-                layout_progress: Box::new(crate::progress::Stoppable {
-                    inner: crate::layout::NoProgress,
-                    stop: stop.clone(),
-                }),
-                ..RunOptions::default()
-            };
-            // Privilege and device checks for the kernel's throttle, before any file is laid out.
-            let throttle = if faults
-                .iter()
-                .any(|f| matches!(f.kind, crate::fault::FaultKind::KernelThrottle(_)))
-            {
-                let g = crate::fault::kernel::ThrottleGroup::create(&work.volume, &vol.path)
-                    .map_err(|e| format!("volume '{}': {e}", work.volume))?;
-                Some(Arc::new(g))
-            } else {
-                None
-            };
-            let run = runner::prepare(&jobs, &opts)
-                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
-            let open_loop = jobs.iter().any(|j| j.rate.is_limited());
-            let configured_depth = if open_loop {
-                0
-            } else {
-                jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
-            };
-            out.push(PreparedVolume {
-                name: work.volume.clone(),
-                run,
-                faults,
-                configured_depth,
-                open_loop,
-                throttle,
-            });
+        work: &'a lockstep_proto::v1::VolumeWork,
+    ) -> Result<CheckedVolume<'a>, String> {
+        let vol = cfg
+            .volumes
+            .iter()
+            .find(|v| v.name == work.volume)
+            .ok_or_else(|| {
+                format!(
+                    "this agent has no volume '{}' (it has: {})",
+                    work.volume,
+                    cfg.volumes
+                        .iter()
+                        .map(|v| v.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        let origin = std::path::PathBuf::from(format!("{}/{}.fio", req.run_id, work.volume));
+        let overrides: Vec<(String, String)> = work
+            .overrides
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut jobs: Vec<JobSpec> = jobfile::parse_str(&work.jobfile, &origin, None, &overrides)
+            .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+        for job in &mut jobs {
+            vol.confine(job).map_err(|e| e.to_string())?;
         }
-        Ok(())
+        let faults = work
+            .faults_json
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let spec: FaultSpec = serde_json::from_str(f)
+                    .map_err(|e| format!("volume '{}': fault {}: {e}", work.volume, i + 1))?;
+                Ok(spec)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        crate::fault::validate_all(&faults)
+            .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+        for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
+            agent_faults::check(f, cfg.allow_exec)
+                .map_err(|e| format!("volume '{}': fault {e}", work.volume))?;
+        }
+        Ok(CheckedVolume {
+            work,
+            vol,
+            jobs,
+            faults,
+        })
     }
+
+    /// Lays one checked volume out (`runner::prepare`, which refuses before writing too).
+    fn lay_out_volume(
+        cfg: &DaemonConfig,
+        checked: CheckedVolume<'_>,
+        stop: &Arc<AtomicBool>,
+    ) -> Result<PreparedVolume, String> {
+        let CheckedVolume {
+            work,
+            vol,
+            jobs,
+            faults,
+        } = checked;
+        let opts = RunOptions {
+            allow_block_devices: cfg.allow_block_devices,
+            layout_progress: Box::new(crate::progress::Stoppable {
+                inner: crate::layout::NoProgress,
+                stop: stop.clone(),
+            }),
+            ..RunOptions::default()
+        };
+        // Privilege and device checks for the kernel's throttle, before any file is laid out.
+        let throttle = if faults
+            .iter()
+            .any(|f| matches!(f.kind, crate::fault::FaultKind::KernelThrottle(_)))
+        {
+            let g = crate::fault::kernel::ThrottleGroup::create(&work.volume, &vol.path)
+                .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+            Some(Arc::new(g))
+        } else {
+            None
+        };
+        let run =
+            runner::prepare(&jobs, &opts).map_err(|e| format!("volume '{}': {e}", work.volume))?;
+        let open_loop = jobs.iter().any(|j| j.rate.is_limited());
+        let configured_depth = if open_loop {
+            0
+        } else {
+            jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
+        };
+        Ok(PreparedVolume {
+            name: work.volume.clone(),
+            run,
+            faults,
+            configured_depth,
+            open_loop,
+            throttle,
+        })
+    }
+}
+
+/// A volume's work that passed every check that writes nothing.
+struct CheckedVolume<'a> {
+    work: &'a lockstep_proto::v1::VolumeWork,
+    vol: &'a volume::VolumeConfig,
+    jobs: Vec<JobSpec>,
+    faults: Vec<FaultSpec>,
 }
 
 fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
@@ -1366,6 +1421,97 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
 mod tests {
     use super::*;
     use tokio_stream::StreamExt;
+
+    /// An agent with one directory volume per name.
+    fn config(volumes: &[(&str, &std::path::Path)]) -> DaemonConfig {
+        DaemonConfig {
+            name: "a".into(),
+            labels: BTreeMap::new(),
+            volumes: volumes
+                .iter()
+                .map(|(name, path)| volume::VolumeConfig {
+                    name: name.to_string(),
+                    path: path.to_path_buf(),
+                    size_bytes: 0,
+                    kind: String::new(),
+                    provisioned_iops: 0,
+                    provisioned_mib_s: 0,
+                })
+                .collect(),
+            token: None,
+            grace: Duration::from_secs(5),
+            allow_block_devices: false,
+            allow_exec: false,
+        }
+    }
+
+    fn request(work: &[(&str, String)]) -> PrepareRequest {
+        PrepareRequest {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: "r".into(),
+            work: work
+                .iter()
+                .map(|(volume, jobfile)| lockstep_proto::v1::VolumeWork {
+                    volume: volume.to_string(),
+                    role: "w".into(),
+                    jobfile: jobfile.clone(),
+                    overrides: Default::default(),
+                    faults_json: Vec::new(),
+                })
+                .collect(),
+            interval_ms: 1000,
+            keep_files: false,
+        }
+    }
+
+    /// A volume refused after another was laid out leaves nothing behind on either.
+    #[test]
+    fn a_refused_volume_removes_what_the_others_laid_out() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let cfg = config(&[("a", a.path()), ("b", b.path())]);
+        let req = request(&[
+            ("a", "[j]\nrw=read\nsize=1m\n".into()),
+            ("b", "[j]\nrw=write\nsize=1p\n".into()),
+        ]);
+        let e = AgentService::prepare_volumes(&cfg, &req, &Arc::new(AtomicBool::new(false)))
+            .err()
+            .expect("refused");
+        assert!(
+            e.starts_with("volume 'b': the files to lay out need"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_dir(a.path()).unwrap().count(),
+            0,
+            "a was left laid out"
+        );
+        assert_eq!(std::fs::read_dir(b.path()).unwrap().count(), 0);
+    }
+
+    /// The memory estimate covers every volume of the agent together: each of these needs
+    /// 60% of the available memory, which is refused for the two, before any layout.
+    #[test]
+    fn the_memory_estimate_covers_all_volumes_together() {
+        let available = crate::budget::host_figures()
+            .mem_available
+            .expect("MemAvailable is readable");
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let cfg = config(&[("a", a.path()), ("b", b.path())]);
+        let depth = (available / 10 * 6 / (16 << 20)).max(1);
+        let job = format!("[j]\nioengine=null\nrw=read\nsize=1m\nbs=16m\niodepth={depth}\n");
+        let alone = request(&[("a", job.clone())]);
+        assert!(AgentService::prepare_volumes(&cfg, &alone, &Arc::new(AtomicBool::new(false))).is_ok());
+        let both = request(&[("a", job.clone()), ("b", job)]);
+        let e = AgentService::prepare_volumes(&cfg, &both, &Arc::new(AtomicBool::new(false)))
+            .err()
+            .expect("refused");
+        assert!(
+            e.contains("of memory") && e.contains("available (MemAvailable)"),
+            "{e}"
+        );
+    }
 
     fn started(volume: &str) -> RunEvent {
         RunEvent {

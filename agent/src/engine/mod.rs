@@ -15,6 +15,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use crate::job::{Direction, EngineKind};
+use crate::limits;
 
 pub mod null;
 pub mod threads;
@@ -99,6 +100,25 @@ pub enum EngineError {
     },
     #[error("engine {0}: worker threads stopped unexpectedly")]
     WorkersGone(&'static str),
+    /// A queue deeper than the engine can run (see `limits::max_depth`).
+    #[error("engine {engine}: iodepth={depth} is too deep: at most {max} ({why}); lower iodepth")]
+    TooDeep {
+        engine: &'static str,
+        depth: u32,
+        max: u32,
+        why: &'static str,
+    },
+    /// io_uring is unavailable and the depth is too deep for the pread/pwrite fallback.
+    #[error(
+        "io_uring is not available on this kernel or is blocked by policy ({source}), and the \
+         pread/pwrite fallback runs at most {max} IOs in flight (one thread each), not \
+         iodepth={depth}; lower iodepth to {max} or allow io_uring"
+    )]
+    NoFallback {
+        source: io::Error,
+        depth: u32,
+        max: u32,
+    },
 }
 
 /// The small contract every engine fills.
@@ -138,6 +158,13 @@ pub fn build(
         EngineKind::IoUring | EngineKind::Libaio => match uring::UringEngine::new(depth, resources)
         {
             Ok(engine) => Ok(Box::new(engine)),
+            Err(EngineError::UringUnavailable(source)) if depth > limits::MAX_SYNC_WORKERS => {
+                Err(EngineError::NoFallback {
+                    source,
+                    depth,
+                    max: limits::MAX_SYNC_WORKERS,
+                })
+            }
             Err(EngineError::UringUnavailable(err)) => {
                 tracing::warn!(
                     "io_uring unavailable ({err}); falling back to pread/pwrite on {depth} worker threads"
@@ -171,5 +198,29 @@ pub(crate) fn sync_rw(op: &IoOp) -> i64 {
             .unwrap_or(libc::EIO) as i64)
     } else {
         r as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::MAX_URING_DEPTH;
+
+    /// The kernel refuses rings over IORING_MAX_ENTRIES; that refusal is not "io_uring is
+    /// unavailable", and must not become one pread/pwrite thread per IO in flight.
+    #[test]
+    fn io_uring_deeper_than_the_kernel_allows_is_refused_not_run_on_threads() {
+        let resources = Resources {
+            fds: &[],
+            buffers: None,
+            register: Registered::default(),
+        };
+        for kind in [EngineKind::IoUring, EngineKind::Libaio] {
+            let e = build(kind, MAX_URING_DEPTH + 1, &resources)
+                .err()
+                .expect("a depth over the ring limit is refused");
+            let text = e.to_string();
+            assert!(text.contains("at most 32768"), "{text}");
+        }
     }
 }

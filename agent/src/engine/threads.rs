@@ -26,7 +26,19 @@ enum Mode {
 }
 
 impl ThreadEngine {
+    /// An engine for `depth` IOs in flight: inline for 1, else `depth` worker threads, at most
+    /// `limits::MAX_SYNC_WORKERS`. A thread that cannot be started is an error (the ones
+    /// already started are stopped and joined), never a panic.
     pub fn new(depth: u32) -> Result<Self, EngineError> {
+        let (max, why) = crate::limits::max_depth(crate::job::EngineKind::Psync);
+        if depth > max {
+            return Err(EngineError::TooDeep {
+                engine: "psync",
+                depth,
+                max,
+                why,
+            });
+        }
         if depth <= 1 {
             return Ok(ThreadEngine {
                 mode: Mode::Inline {
@@ -37,7 +49,7 @@ impl ThreadEngine {
         let (to_workers, ops) = channel::<IoOp>();
         let ops = std::sync::Arc::new(std::sync::Mutex::new(ops));
         let (done, from_workers) = channel::<Completion>();
-        let mut workers = Vec::with_capacity(depth as usize);
+        let mut workers: Vec<JoinHandle<()>> = Vec::with_capacity(depth as usize);
         for i in 0..depth {
             let ops = ops.clone();
             let done = done.clone();
@@ -68,8 +80,18 @@ impl ThreadEngine {
                     engine: "psync",
                     op: "spawn",
                     source,
-                })?;
-            workers.push(handle);
+                });
+            match handle {
+                Ok(handle) => workers.push(handle),
+                Err(e) => {
+                    // Closing the channel ends the workers started so far.
+                    drop(to_workers);
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(ThreadEngine {
             mode: Mode::Workers {
@@ -176,5 +198,57 @@ impl Drop for ThreadEngine {
                 let _ = w.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Direction;
+    use crate::limits::MAX_SYNC_WORKERS;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_queue_deeper_than_the_worker_limit_is_an_error_not_threads() {
+        let e = ThreadEngine::new(MAX_SYNC_WORKERS + 1)
+            .err()
+            .expect("a depth over the limit is refused");
+        let text = e.to_string();
+        assert!(text.contains("at most 256"), "{text}");
+        assert!(text.contains("iodepth=257"), "{text}");
+    }
+
+    #[test]
+    fn workers_run_ios_at_the_largest_allowed_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut engine = ThreadEngine::new(MAX_SYNC_WORKERS).unwrap();
+        let mut buf = vec![0u8; 4096];
+        engine
+            .queue(IoOp {
+                dir: Direction::Read,
+                fd: file.as_raw_fd(),
+                file: 0,
+                offset: 4096,
+                len: 4096,
+                buf: buf.as_mut_ptr(),
+                tag: 3,
+            })
+            .unwrap();
+        engine.commit().unwrap();
+        let mut out = Vec::new();
+        engine
+            .reap(1, Some(Duration::from_secs(10)), &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![Completion {
+                tag: 3,
+                result: 4096
+            }]
+        );
+        assert!(buf.iter().all(|&b| b == 7));
     }
 }

@@ -36,6 +36,17 @@ pub struct UringEngine {
 
 impl UringEngine {
     pub fn new(depth: u32, resources: &Resources<'_>) -> Result<Self, EngineError> {
+        // Checked here, not left to the kernel: its EINVAL for a too-large ring would read as
+        // "io_uring unavailable" and fall back to a thread per IO in flight.
+        let (max, why) = crate::limits::max_depth(crate::job::EngineKind::IoUring);
+        if depth > max {
+            return Err(EngineError::TooDeep {
+                engine: "io_uring",
+                depth,
+                max,
+                why,
+            });
+        }
         let entries = depth.max(1).next_power_of_two();
         // Completions are run in this thread when it asks for them (DEFER_TASKRUN, with
         // COOP_TASKRUN), not by interrupting it: fewer context switches per IO, as fio sets up

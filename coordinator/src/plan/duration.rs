@@ -73,6 +73,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(nanos))
 }
 
+/// Checks that a run, phase or fault duration is a whole number of milliseconds: the agents
+/// run (and the protocol carries) milliseconds, so a finer one would silently run as another
+/// ("1ns" became runtime=0ms, which every agent refused at prepare, far from the plan line).
+pub fn check_whole_millis(d: Duration) -> Result<(), String> {
+    if d.subsec_nanos() % 1_000_000 == 0 {
+        return Ok(());
+    }
+    let up = (d.as_millis() + 1).max(1);
+    Err(format!(
+        "{} is not a whole number of milliseconds (the agents run milliseconds); write e.g. \"{up}ms\"",
+        format_duration(d)
+    ))
+}
+
 /// The shortest exact spelling `parse_duration` reads back (`"1m30s"`, `"250ms"`, `"0s"`).
 pub fn format_duration(d: Duration) -> String {
     let mut nanos = d.as_nanos();

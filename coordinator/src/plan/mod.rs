@@ -29,9 +29,10 @@ use std::time::Duration;
 
 use lockstep_agent::fault::FaultSpec;
 use lockstep_agent::job::Direction;
+use lockstep_agent::limits::{self, MAX_TEXT_FILE, TextFileError};
 use toml::Spanned;
 
-pub use duration::{format_duration, parse_duration};
+pub use duration::{check_whole_millis, format_duration, parse_duration};
 pub use resolve::{
     AgentAssignment, AgentInfo, Assignment, FaultAssignment, ScheduledFault, VolumeAssignment,
     VolumeInfo, VolumeRef, resolve,
@@ -52,7 +53,7 @@ pub enum PlanError {
     Read {
         file: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: TextFileError,
     },
     /// The plan is readable but wrong. `line` is 1-based, 0 when the problem is not on one line
     /// (for instance two agents of a run reporting the same name). `field` names the plan
@@ -150,13 +151,19 @@ impl Plan {
     }
 }
 
-/// Reads and parses the plan file at `path`, and the job files it names.
+/// Reads and parses the plan file at `path`, and the job files it names. The plan must be a
+/// regular file of at most `MAX_TEXT_FILE` bytes (not `/dev/zero`, a FIFO or a directory).
 pub fn load(path: &Path) -> Result<Plan, PlanError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+    let text = read_plan_text(path)?;
+    parse(&text, path)
+}
+
+/// The text of the plan file at `path`, read as `load` reads it.
+pub fn read_plan_text(path: &Path) -> Result<String, PlanError> {
+    limits::read_text_file(path, MAX_TEXT_FILE, "plan").map_err(|source| PlanError::Read {
         file: path.to_path_buf(),
         source,
-    })?;
-    parse(&text, path)
+    })
 }
 
 /// Parses plan text; `origin` is the file it came from: messages name it, and job files are
@@ -654,6 +661,11 @@ fn build_phases(src: &Source, raw: &raw::RawPlan) -> Result<Vec<Phase>, PlanErro
     if let Some(d) = raw.duration.as_ref().filter(|d| d.get_ref().0.is_zero()) {
         return Err(src.at(d, "duration", "must be longer than 0s"));
     }
+    for (given, field) in [(&raw.duration, "duration"), (&raw.ramp, "ramp")] {
+        if let Some(d) = given {
+            check_whole_millis(d.get_ref().0).map_err(|m| src.at(d, field, m))?;
+        }
+    }
     let mut phases = Vec::new();
     let mut start = Duration::ZERO;
     if let Some(ramp) = &raw.ramp {
@@ -707,6 +719,8 @@ fn build_phases(src: &Source, raw: &raw::RawPlan) -> Result<Vec<Phase>, PlanErro
                 if d.get_ref().0.is_zero() {
                     return Err(src.at(d, format!("{what}: duration"), "must be longer than 0s"));
                 }
+                check_whole_millis(d.get_ref().0)
+                    .map_err(|m| src.at(d, format!("{what}: duration"), m))?;
                 d.get_ref().0
             }
             (None, Some(d)) => d,
@@ -1285,6 +1299,7 @@ fn build_fault(
         match string_of(key)? {
             None => Ok(None),
             Some((v, s)) => parse_duration(s)
+                .and_then(|d| check_whole_millis(d).map(|()| d))
                 .map(|d| Some((src.line_of(v), d)))
                 .map_err(|m| src.at(v, format!("{what}: {key}"), m)),
         }

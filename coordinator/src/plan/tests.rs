@@ -1250,3 +1250,132 @@ fn the_sweep_example_parses_and_resolves_on_local_agents() {
     let a = resolve(&plan, &local(2)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.volumes().count(), 2);
 }
+
+// ---- issue 13: plan and job files are small regular files; durations the agents can run ----
+
+#[test]
+fn plan_files_must_be_small_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "# padding\n".repeat(200_000)).unwrap();
+    let e = load(&big).unwrap_err().to_string();
+    assert!(
+        e.contains("big.toml: cannot read the plan: 2000000 bytes, more than the 1048576"),
+        "{e}"
+    );
+    let e = load(Path::new("/dev/zero")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/dev/zero: cannot read the plan: a character device, not a regular file"),
+        "{e}"
+    );
+    let e = load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("a directory, not a regular file"), "{e}");
+}
+
+#[test]
+fn job_files_and_includes_a_plan_names_must_be_small_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.toml");
+    let write_plan = |jobfile: &str| {
+        std::fs::write(
+            &plan_path,
+            format!("duration = \"10s\"\n[[role]]\nname = \"w\"\nworkload = {{ jobfile = \"{jobfile}\" }}\n"),
+        )
+        .unwrap()
+    };
+    let refused = || {
+        let e = load(&plan_path).unwrap_err();
+        assert_eq!(e.line(), 4, "{e}");
+        assert_eq!(e.field(), "role 'w': workload.jobfile", "{e}");
+        e.to_string()
+    };
+    std::fs::write(dir.path().join("big.fio"), "; padding\n".repeat(200_000)).unwrap();
+    write_plan("big.fio");
+    let e = refused();
+    assert!(
+        e.contains("big.fio: 2000000 bytes, more than the 1048576"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.path().join("inc.fio"),
+        "[j]\nrw=read\ninclude big.fio\n",
+    )
+    .unwrap();
+    write_plan("inc.fio");
+    let e = refused();
+    assert!(
+        e.contains("big.fio: 2000000 bytes, more than the 1048576"),
+        "{e}"
+    );
+    write_plan("/dev/zero");
+    let e = refused();
+    assert!(
+        e.contains("/dev/zero: a character device, not a regular file"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.path().join("zero.fio"),
+        "[j]\nrw=read\ninclude /dev/zero\n",
+    )
+    .unwrap();
+    write_plan("zero.fio");
+    let e = refused();
+    assert!(
+        e.contains("/dev/zero: a character device, not a regular file"),
+        "{e}"
+    );
+}
+
+/// The agents run whole milliseconds (the protocol carries them): "1ns" became runtime=0ms,
+/// which every agent refused at prepare, far from the plan line that said it.
+#[test]
+fn durations_the_agents_cannot_run_are_refused_at_their_plan_line() {
+    let role = "[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n";
+    parse_err(
+        &format!("duration = \"1ns\"\n{role}"),
+        1,
+        "duration",
+        "1ns is not a whole number of milliseconds",
+    );
+    parse_err(
+        &format!("duration = \"10s\"\nramp = \"1500us\"\n{role}"),
+        2,
+        "ramp",
+        "1500us is not a whole number of milliseconds",
+    );
+    parse_err(
+        &format!(
+            "duration = \"10s\"\n{role}[[phase]]\nname = \"a\"\nduration = \"2ms\"\n[[phase]]\nname = \"b\"\nduration = \"999us\"\n"
+        ),
+        10,
+        "phase 'b': duration",
+        "999us is not a whole number of milliseconds",
+    );
+    parse_err(
+        &format!(
+            "duration = \"10s\"\n{role}[[fault]]\nkind = \"stall\"\nat = \"1s\"\nduration = \"10us\"\n"
+        ),
+        8,
+        "fault #1: duration",
+        "10us is not a whole number of milliseconds",
+    );
+    let plan = parse_ok(&format!("duration = \"1ms\"\nramp = \"2ms\"\n{role}"));
+    assert_eq!(plan.run_length(), Duration::from_millis(3));
+}
+
+/// Numbers the agents would refuse in a job (here an override past io_uring's ring limit)
+/// are refused at the plan line that gives them, with the agent's own message.
+#[test]
+fn job_options_past_fios_limits_are_refused_at_their_plan_line() {
+    let e = parse(
+        "duration = \"10s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\", set = { iodepth = 40000 } }\n",
+        Path::new(ORIGIN),
+    )
+    .unwrap_err();
+    let shown = e.to_string();
+    assert_eq!(e.line(), 4, "{shown}");
+    assert!(
+        shown.contains("at most 32768 with ioengine=io_uring"),
+        "{shown}"
+    );
+}

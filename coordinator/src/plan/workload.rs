@@ -96,7 +96,7 @@ pub(super) fn build(
         let path = plan_dir.join(rel.get_ref());
         check.field = format!("{field}.jobfile");
         check.line = src.line_of(rel);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let text = read_job_file(&path).map_err(|e| {
             src.at(
                 rel,
                 &check.field,
@@ -407,7 +407,7 @@ fn expand(path: &Path, text: &str, stack: &mut Vec<PathBuf>) -> Result<String, J
                         .join(" -> ")
                 )));
             }
-            let inc_text = std::fs::read_to_string(&inc)
+            let inc_text = read_job_file(&inc)
                 .map_err(|e| problem(format!("cannot read {}: {e}", inc.display())))?;
             stack.push(inc.clone());
             out.push_str(&format!("; begin include {rest}\n"));
@@ -468,4 +468,11 @@ mod tests {
         assert!(has_job_section("[global]\nbs=4k\n[a]\nrw=read\n"));
         assert!(!has_job_section("[global]\nbs=4k\n"));
     }
+}
+
+/// A job file or include a plan names: a regular file of bounded size, as the agent reads
+/// its own (so `/dev/zero` or a FIFO is refused, not read until memory runs out or forever).
+fn read_job_file(path: &Path) -> Result<String, lockstep_agent::limits::TextFileError> {
+    use lockstep_agent::limits::{MAX_TEXT_FILE, read_text_file};
+    read_text_file(path, MAX_TEXT_FILE, "job file")
 }
