@@ -196,10 +196,12 @@ fn buffers_bigger_than_the_available_memory_are_refused_with_both_figures() {
 #[test]
 fn a_clone_thread_that_cannot_start_is_an_error_not_a_panic() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to run the agent as nobody with a task limit");
-        return;
-    }
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root, to run the agent as nobody with a task limit: run the suite as \
+         root (scripts/test.sh does on CI)"
+    );
     use std::os::unix::fs::PermissionsExt;
     let dir = scratch();
     let target = dir.path().join("target");
