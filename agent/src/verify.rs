@@ -588,7 +588,10 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
             path: p.clone(),
             source,
         })?;
-    let records = meta.len().saturating_sub(r.stream_position().unwrap_or(0) as u64) / 25;
+    let records = meta
+        .len()
+        .saturating_sub(r.stream_position().unwrap_or(0) as u64)
+        / 25;
     let h: StateHeader = serde_json::from_str(&line).map_err(|e| fmt(format!("header: {e}")))?;
     let mut state = VerifyState {
         seed: h.seed,

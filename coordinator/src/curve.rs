@@ -25,55 +25,15 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use lockstep_proto::histogram::SparseHistogram;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+/// The report types live in the results model; this module produces them.
+pub use crate::results::curve::{CurveReport, CurveStep, RoleCurve, StepFigures};
 
 use crate::cli::RunArgs;
 use crate::plan::{AgentInfo, Plan};
-use crate::report::{self, text::ms};
+use crate::report;
 use crate::results::{RunResults, RunStatus};
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CurveReport {
-    pub roles: Vec<RoleCurve>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoleCurve {
-    pub role: String,
-    /// The maximum: mean per-volume IOPS of the closed-loop step.
-    pub max_iops_per_volume: f64,
-    pub steps: Vec<CurveStep>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CurveStep {
-    /// `max`, or the percentage (`50%`).
-    pub name: String,
-    /// `None` for the maximum step.
-    pub percent: Option<f64>,
-    /// Open-loop target per volume (`None`: closed loop).
-    pub target_iops: Option<u64>,
-    /// The step's results directory, relative to the run's.
-    pub dir: String,
-    /// The role's volumes merged.
-    pub role: StepFigures,
-    pub volumes: Vec<StepFigures>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepFigures {
-    /// `node/volume`, or the role's name.
-    pub target: String,
-    pub iops: f64,
-    /// Mean latency (ns); the role's is the volumes' weighted by their IO counts.
-    #[serde(default)]
-    pub mean_ns: f64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    /// Whether the latency is from the intended issue time (open loop).
-    pub intended: bool,
-}
 
 /// The roles of a plan that ask for a curve, with their points.
 pub fn curve_roles(plan: &Plan) -> Vec<(String, Vec<f64>)> {
@@ -395,7 +355,7 @@ pub async fn run(
         &results,
         failed,
         &report,
-        &render_text(&report),
+        &report::text::curve::render_text(&report),
     )
 }
 
@@ -408,58 +368,6 @@ fn describe(rates: &Rates) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The curve section of the text report: per role, one line per step, then per volume.
-pub fn render_text(c: &CurveReport) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    for rc in &c.roles {
-        let _ = writeln!(
-            o,
-            "rate curve, role {} (maximum {:.0} IOPS per volume, closed loop; steps open loop, latency from the intended issue):",
-            rc.role, rc.max_iops_per_volume
-        );
-        let _ = writeln!(
-            o,
-            "  {:<8} {:>12} {:>11} {:>8} {:>8} {:>9}",
-            "step", "target/vol", "role IOPS", "p50 ms", "p99 ms", "p99.9 ms"
-        );
-        for s in &rc.steps {
-            let _ = writeln!(
-                o,
-                "  {:<8} {:>12} {:>11.0} {:>8} {:>8} {:>9}",
-                s.name,
-                s.target_iops.map_or("-".into(), |t| t.to_string()),
-                s.role.iops,
-                ms(s.role.p50_ns),
-                ms(s.role.p99_ns),
-                ms(s.role.p999_ns)
-            );
-        }
-        let names: Vec<String> = rc
-            .steps
-            .first()
-            .map(|s| s.volumes.iter().map(|v| v.target.clone()).collect())
-            .unwrap_or_default();
-        for n in names {
-            let points: Vec<String> = rc
-                .steps
-                .iter()
-                .filter_map(|s| {
-                    let v = s.volumes.iter().find(|v| v.target == n)?;
-                    Some(format!(
-                        "{} {:.0} IOPS p99 {} ms",
-                        s.name,
-                        v.iops,
-                        ms(v.p99_ns)
-                    ))
-                })
-                .collect();
-            let _ = writeln!(o, "  {n}: {}", points.join("; "));
-        }
-    }
-    o
 }
 
 #[cfg(test)]
@@ -499,7 +407,7 @@ mod tests {
                 ],
             }],
         };
-        let t = render_text(&c);
+        let t = crate::report::text::curve::render_text(&c);
         assert!(
             t.contains("rate curve, role db (maximum 4000 IOPS per volume"),
             "{t}"

@@ -26,7 +26,11 @@
 use std::collections::BTreeMap;
 
 use lockstep_proto::histogram::SparseHistogram;
-use serde::{Deserialize, Serialize};
+
+/// The report types live in the results model; this module produces them.
+pub use crate::results::drill::{
+    DrillOptions, DrillReport, DrillTarget, FaultDrill, Percentiles, Recovery, WindowStats,
+};
 
 use lockstep_agent::verify::VerifyReport;
 use lockstep_proto::v1::VolumeResult as WireVolumeResult;
@@ -34,124 +38,6 @@ use lockstep_proto::v1::VolumeResult as WireVolumeResult;
 use crate::hlog::LogEntry;
 use crate::results::{RunResults, StuckIoResult, VolumeVerify};
 use crate::timeline::{FaultWindow, Timeline};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DrillOptions {
-    /// Longest baseline window before a fault.
-    pub baseline_ms: u64,
-    /// Longest window after a fault.
-    pub after_ms: u64,
-    /// An interval is back to normal when its p99 is at most `tolerance` x the baseline p99 ...
-    pub tolerance: f64,
-    /// ... or at most `slack_us` above it (whichever is larger).
-    pub slack_us: f64,
-    /// Intervals in a row that must be back to normal.
-    pub consecutive: u32,
-}
-
-impl Default for DrillOptions {
-    fn default() -> Self {
-        DrillOptions {
-            baseline_ms: 10_000,
-            after_ms: 10_000,
-            tolerance: 1.5,
-            slack_us: 100.0,
-            consecutive: 3,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DrillReport {
-    pub options: DrillOptions,
-    pub interval_ms: u64,
-    pub faults: Vec<FaultDrill>,
-}
-
-/// One fault (one kind, one window) and its effect.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FaultDrill {
-    pub fault: String,
-    /// ms since the run's synchronized start (the earliest of its volumes' recorded starts).
-    pub start_ms: u64,
-    /// `None`: until the end of the run.
-    pub end_ms: Option<u64>,
-    pub volumes: Vec<DrillTarget>,
-    /// Every volume of the run merged (not only the affected ones): what the cluster felt.
-    pub cluster: DrillTarget,
-    /// What the agents said happened (`node: detail`, e.g. an exec command's exit status),
-    /// once per node.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub details: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DrillTarget {
-    /// `node/volume`, or `cluster`.
-    pub target: String,
-    pub baseline: Option<WindowStats>,
-    pub during: Option<WindowStats>,
-    pub after: Option<WindowStats>,
-    pub recovery: Recovery,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct WindowStats {
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub intervals: u32,
-    /// IOs completed, with or without error.
-    pub ios: u64,
-    pub errors: u64,
-    pub iops: f64,
-    /// Latency from the actual issue.
-    pub lat: Percentiles,
-    /// Latency from the intended issue (open-loop workloads only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lat_intended: Option<Percentiles>,
-}
-
-impl WindowStats {
-    /// The latency a drill is judged by: from the intended issue when there is one.
-    pub fn judged(&self) -> &Percentiles {
-        self.lat_intended.as_ref().unwrap_or(&self.lat)
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// IOs in the histogram (successful completions).
-    pub n: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
-}
-
-impl Percentiles {
-    fn of(h: &SparseHistogram) -> Self {
-        Percentiles {
-            n: h.len(),
-            p50_ns: h.value_at_percentile(50.0),
-            p99_ns: h.value_at_percentile(99.0),
-            p999_ns: h.value_at_percentile(99.9),
-            max_ns: h.max(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Recovery {
-    /// The p99 an interval must stay at or below to count as back to normal.
-    pub threshold_ns: Option<u64>,
-    /// From when latency stayed within the tolerance (ms since the start).
-    pub recovered_at_ms: Option<u64>,
-    /// `recovered_at_ms` minus the fault's end.
-    pub recovery_ms: Option<u64>,
-    /// Why there is no figure, when there is none.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub note: String,
-}
 
 /// One interval of one volume (or of the cluster): both directions.
 #[derive(Debug, Clone, Default)]
@@ -534,196 +420,6 @@ pub fn collect_finals(r: &mut RunResults, finals: &[(String, WireVolumeResult)])
         .sort_by(|a, b| (a.start_ms, &a.node, &a.volume).cmp(&(b.start_ms, &b.node, &b.volume)));
 }
 
-/// The stuck-IO and verification sections of the text report (empty when there is neither).
-pub fn render_stuck_and_verify(r: &RunResults) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    if !r.stuck_ios.is_empty() {
-        let _ = writeln!(
-            o,
-            "\nstuck IOs (slower than the stuck_timeout, default 5 s):"
-        );
-        for s in r.stuck_ios.iter().take(20) {
-            let _ = writeln!(
-                o,
-                "  {}/{}: {} of {} bytes at offset {} of {}, issued at t={}s, {} {} ms",
-                s.node,
-                s.volume,
-                s.direction,
-                s.len,
-                s.offset,
-                s.file,
-                secs(s.start_ms),
-                if s.completed {
-                    "took"
-                } else {
-                    "STILL IN FLIGHT after"
-                },
-                s.latency_ms
-            );
-        }
-        if r.stuck_ios.len() > 20 {
-            let _ = writeln!(o, "  ... {} more in results.json", r.stuck_ios.len() - 20);
-        }
-    }
-    if !r.verify.is_empty() {
-        let _ = writeln!(o, "\nverify (crc32c, every acknowledged write re-read):");
-        for v in &r.verify {
-            let rep = &v.report;
-            let verdict = if rep.bad() == 0 && rep.errors.is_empty() {
-                "ok"
-            } else {
-                "FAILED"
-            };
-            let _ = writeln!(o, "  {}/{}: {verdict}: {}", v.node, v.volume, rep.summary());
-            if rep.dropped_writes > 0 {
-                let _ = writeln!(
-                    o,
-                    "      drop_writes fault: {} writes dropped, {} blocks left without their last acknowledged write",
-                    rep.dropped_writes,
-                    rep.dropped_blocks.len()
-                );
-            }
-            for f in rep.findings.iter().take(10) {
-                let found = f
-                    .found
-                    .map_or(String::new(), |g| format!(", found generation {g}"));
-                let detail = if f.detail.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", f.detail)
-                };
-                let _ = writeln!(
-                    o,
-                    "      {:?} {}@{} len {}: expected generation {}{found}{detail}",
-                    f.kind, f.file, f.offset, f.len, f.expected
-                );
-            }
-            if rep.findings.len() > 10 {
-                let _ = writeln!(
-                    o,
-                    "      ... {} more in results.json",
-                    rep.findings.len() - 10
-                );
-            }
-            for e in &rep.errors {
-                let _ = writeln!(o, "      {e}");
-            }
-        }
-    }
-    o
-}
-
-fn ms(ns: u64) -> String {
-    let v = ns as f64 / 1e6;
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn secs(ms: u64) -> String {
-    format!("{:.1}", ms as f64 / 1000.0)
-}
-
-/// The drill section of the text report.
-pub fn render_text(r: &DrillReport) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    let opt = &r.options;
-    let _ = writeln!(
-        o,
-        "baseline: up to {} s before each fault; after: up to {} s; recovered: p99 within {}x baseline (or +{:.1} ms) for {} intervals in a row",
-        secs(opt.baseline_ms),
-        secs(opt.after_ms),
-        opt.tolerance,
-        opt.slack_us / 1000.0,
-        opt.consecutive
-    );
-    for f in &r.faults {
-        let names: Vec<&str> = f.volumes.iter().map(|v| v.target.as_str()).collect();
-        let _ = writeln!(
-            o,
-            "  {} on {}: t={}s to {}",
-            f.fault,
-            names.join(", "),
-            secs(f.start_ms),
-            f.end_ms
-                .map_or("the end".into(), |e| format!("t={}s", secs(e)))
-        );
-        for d in &f.details {
-            let _ = writeln!(o, "    {d}");
-        }
-        let _ = writeln!(
-            o,
-            "    {:<20} {:<8} {:>11} {:>9} {:>6} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}",
-            "target",
-            "window",
-            "t (s)",
-            "IOPS",
-            "errors",
-            "p50 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "int p50",
-            "int p99",
-            "int p99.9"
-        );
-        for t in f.volumes.iter().chain(std::iter::once(&f.cluster)) {
-            let mut first = true;
-            for (label, w) in [
-                ("baseline", &t.baseline),
-                ("during", &t.during),
-                ("after", &t.after),
-            ] {
-                let Some(w) = w else { continue };
-                let name = if first { t.target.as_str() } else { "" };
-                first = false;
-                // "-" where nothing completed (a stall holds every completion).
-                let three = |l: Option<&Percentiles>| match l.filter(|l| l.n > 0) {
-                    Some(l) => format!(
-                        "{:>8} {:>8} {:>8}",
-                        ms(l.p50_ns),
-                        ms(l.p99_ns),
-                        ms(l.p999_ns)
-                    ),
-                    None => format!("{:>8} {:>8} {:>8}", "-", "-", "-"),
-                };
-                let _ = writeln!(
-                    o,
-                    "    {:<20} {:<8} {:>11} {:>9.1} {:>6} {} | {}",
-                    name,
-                    label,
-                    format!("{}-{}", secs(w.start_ms), secs(w.end_ms)),
-                    w.iops,
-                    w.errors,
-                    three(Some(&w.lat)),
-                    three(w.lat_intended.as_ref()),
-                );
-            }
-            let rec = &t.recovery;
-            let line = match (rec.recovered_at_ms, rec.recovery_ms) {
-                (Some(at), Some(d)) => format!(
-                    "recovered: p99 at or below {} ms from t={}s, {} s after the fault ended",
-                    ms(rec.threshold_ns.unwrap_or(0)),
-                    secs(at),
-                    secs(d)
-                ),
-                _ => format!("recovery: {}", rec.note),
-            };
-            let _ = writeln!(
-                o,
-                "    {:<20} {line}",
-                if first { t.target.as_str() } else { "" }
-            );
-        }
-    }
-    o
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -972,7 +668,7 @@ mod tests {
         assert!(d.lat_intended.is_none());
         assert_eq!(d.ios, 500, "counted from the histograms without a timeline");
         assert_eq!(v.recovery.recovered_at_ms, Some(7_000));
-        let text = render_text(&r);
+        let text = crate::report::text::drill::render_text(&r);
         for want in [
             "latency on n/data",
             "baseline",
@@ -1069,7 +765,7 @@ mod tests {
             "{:?}",
             r.warnings
         );
-        let text = render_stuck_and_verify(&r);
+        let text = crate::report::text::drill::render_stuck_and_verify(&r);
         for want in [
             "b/data: write of 4096 bytes at offset 4096 of /v/w.0.0, issued at t=0.1s, STILL IN FLIGHT after 6000 ms",
             "b/data: FAILED: 10 blocks, 9 good, 0 lost, 1 stale, 0 corrupt",
@@ -1078,7 +774,10 @@ mod tests {
         ] {
             assert!(text.contains(want), "missing '{want}' in\n{text}");
         }
-        assert_eq!(render_stuck_and_verify(&empty_results()), "");
+        assert_eq!(
+            crate::report::text::drill::render_stuck_and_verify(&empty_results()),
+            ""
+        );
     }
 
     #[test]

@@ -18,13 +18,15 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use serde::{Deserialize, Serialize};
+/// The report types live in the results model; this module produces them.
+pub use crate::results::sweep::{
+    LITTLE_SHORTFALL, RoleSweep, SweepFigures, SweepReport, SweepStep, Verdict, VerdictKind,
+};
 
 use crate::cli::RunArgs;
 use crate::curve::{self, StepFigures};
 use crate::hlog::LogEntry;
 use crate::plan::{AgentInfo, DepthSweep, Plan, SweepOver};
-use crate::report::text::ms;
 use crate::results::RunResults;
 
 /// A doubling of the depth that buys less IOPS than this (per doubling, from the knee on) is
@@ -34,76 +36,6 @@ pub const KNEE_IOPS_GAIN: f64 = 0.10;
 /// ... provided mean latency rose by more than this from the knee to the deepest step: IOPS
 /// that stay flat at flat latency mean the extra IOs were not in flight at all.
 pub const KNEE_LATENCY_RISE: f64 = 0.10;
-
-/// A step whose IOPS fall below this share of what Little's law expects kept fewer IOs in
-/// flight than configured: the load generator, not the volume, limited it.
-pub const LITTLE_SHORTFALL: f64 = 0.8;
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepReport {
-    pub roles: Vec<RoleSweep>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoleSweep {
-    pub role: String,
-    /// What the steps vary: every job's `iodepth`, or `numjobs`.
-    pub over: SweepOver,
-    pub steps: Vec<SweepStep>,
-    /// For the role (its volumes' IOPS summed, latency merged).
-    pub verdict: Verdict,
-    pub volume_verdicts: Vec<Verdict>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepStep {
-    /// The step's value of `over`.
-    pub depth: u32,
-    /// The step's results directory, relative to the run's.
-    pub dir: String,
-    pub role: SweepFigures,
-    pub volumes: Vec<SweepFigures>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepFigures {
-    /// Target, IOPS, mean and percentiles, as curve mode has them (closed loop: latency from
-    /// the actual issue).
-    #[serde(flatten)]
-    pub lat: StepFigures,
-    /// IOs the jobs keep in flight: iodepth x numjobs summed over the jobs (and, for the role,
-    /// over its volumes), as the agents configured them.
-    pub outstanding: u64,
-    /// Measured: mean of the per-interval time-averaged IOs in flight.
-    pub in_flight_mean: f64,
-    /// Little's law: outstanding / mean latency. The achieved IOPS fall short of it by the time
-    /// a slot stays empty between a completion and the next issue.
-    pub littles_iops: f64,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VerdictKind {
-    /// Past the knee: more outstanding IOs only queue.
-    Saturated,
-    /// IOPS still grew with the last step.
-    Scaling,
-    /// Neither IOPS nor latency grew with the last steps: the IOs were not in flight.
-    Limited,
-    /// Fewer than two steps with IOs: nothing to compare.
-    #[default]
-    Single,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Verdict {
-    /// The role, or `node/volume`.
-    pub target: String,
-    pub kind: VerdictKind,
-    /// The knee (saturated), else the deepest step.
-    pub depth: u32,
-    pub text: String,
-}
 
 /// One step of a target as the verdict sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,14 +51,6 @@ pub fn sweep_roles(plan: &Plan) -> Vec<(String, DepthSweep)> {
         .iter()
         .filter_map(|r| r.depth_sweep.clone().map(|s| (r.name.clone(), s)))
         .collect()
-}
-
-/// How a value of `over` reads in text: `depth 4`, `numjobs 4`.
-fn word(over: SweepOver) -> &'static str {
-    match over {
-        SweepOver::Iodepth => "depth",
-        SweepOver::Numjobs => "numjobs",
-    }
 }
 
 fn pct(ratio: f64) -> String {
@@ -151,7 +75,7 @@ fn gain_per_doubling(a: &Point, b: &Point) -> f64 {
 /// gained, else limited (more IOs configured than were in flight). Steps without IOs (a lost
 /// volume) are left out.
 pub fn verdict(target: &str, over: SweepOver, points: &[Point]) -> Verdict {
-    let w = word(over);
+    let w = over.word();
     let pts: Vec<&Point> = points
         .iter()
         .filter(|p| p.depth > 0 && p.iops > 0.0 && p.mean_ns > 0.0)
@@ -310,7 +234,7 @@ fn step(plan: &Plan, roles: &[(String, DepthSweep)], index: usize) -> curve::Ste
     // `depth 4`, or `depth 4+depth 16` when the roles' sweeps differ.
     let mut values: Vec<(&str, u32)> = roles
         .iter()
-        .map(|(_, s)| (word(s.over), s.values[index]))
+        .map(|(_, s)| (s.over.word(), s.values[index]))
         .collect();
     values.dedup();
     let join = |sep: &str| {
@@ -376,85 +300,8 @@ pub async fn run(
         &results,
         failed,
         &report,
-        &render_text(&report),
+        &crate::report::text::sweep::render_text(&report),
     )
-}
-
-/// The sweep section of the text report: per role, one line per step with Little's law beside
-/// the measured IOPS, the verdict, then per volume its steps and verdict.
-pub fn render_text(r: &SweepReport) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    for rs in &r.roles {
-        let w = word(rs.over);
-        let what = match rs.over {
-            SweepOver::Iodepth => "iodepth of every job",
-            SweepOver::Numjobs => "numjobs of every job, each at its iodepth",
-        };
-        let _ = writeln!(
-            o,
-            "{w} sweep, role {} ({what}; closed loop, latency from the actual issue; \
-             expected: IOPS by Little's law, outstanding / mean latency):",
-            rs.role
-        );
-        let _ = writeln!(
-            o,
-            "  {w:>7} {:>11} {:>11} {:>8} {:>8} {:>8} {:>9} {:>16}",
-            "outstanding", "role IOPS", "mean ms", "p50 ms", "p99 ms", "p99.9 ms", "expected"
-        );
-        let mut short = Vec::new();
-        for s in &rs.steps {
-            let f = &s.role;
-            let share = if f.littles_iops > 0.0 {
-                f.lat.iops / f.littles_iops
-            } else {
-                0.0
-            };
-            if f.littles_iops > 0.0 && share < LITTLE_SHORTFALL {
-                short.push(format!("{w} {} ({:.0}%)", s.depth, share * 100.0));
-            }
-            let _ = writeln!(
-                o,
-                "  {:>7} {:>11} {:>11.0} {:>8} {:>8} {:>8} {:>9} {:>16}",
-                s.depth,
-                f.outstanding,
-                f.lat.iops,
-                ms(f.lat.mean_ns as u64),
-                ms(f.lat.p50_ns),
-                ms(f.lat.p99_ns),
-                ms(f.lat.p999_ns),
-                format!("{:.0} ({:.0}%)", f.littles_iops, share * 100.0)
-            );
-        }
-        let _ = writeln!(o, "  verdict: {}", rs.verdict.text);
-        if !short.is_empty() {
-            let _ = writeln!(
-                o,
-                "  note: below {:.0}% of Little's law at {}: fewer IOs were in flight than \
-                 configured, so the load generator, not the volume, limited those steps",
-                LITTLE_SHORTFALL * 100.0,
-                short.join(", ")
-            );
-        }
-        for v in &rs.volume_verdicts {
-            let steps: Vec<String> = rs
-                .steps
-                .iter()
-                .filter_map(|s| {
-                    let f = s.volumes.iter().find(|f| f.lat.target == v.target)?;
-                    Some(format!(
-                        "{} {:.0} IOPS {} ms",
-                        s.depth,
-                        f.lat.iops,
-                        ms(f.lat.mean_ns as u64)
-                    ))
-                })
-                .collect();
-            let _ = writeln!(o, "  {} ({w}: IOPS, mean): {}", v.target, steps.join("; "));
-            let _ = writeln!(o, "    {}", v.text);
-        }
-    }
-    o
 }
 
 #[cfg(test)]
@@ -625,7 +472,7 @@ mod tests {
         judge(&mut rs);
         assert_eq!(rs.verdict.kind, VerdictKind::Saturated);
         assert_eq!(rs.volume_verdicts.len(), 2);
-        let t = render_text(&SweepReport { roles: vec![rs] });
+        let t = crate::report::text::sweep::render_text(&SweepReport { roles: vec![rs] });
         assert!(
             t.starts_with("depth sweep, role db (iodepth of every job; closed loop"),
             "{t}"

@@ -66,7 +66,11 @@ fn a_daemon_refuses_links_fifos_and_hard_links_in_its_volume_and_leaves_their_ta
 
     type Plant = fn(&Path, &Path);
     let cases: [(&str, Plant, &str); 4] = [
-        ("a link to a file outside", |t, v| symlink(v, t).unwrap(), "symbolic link"),
+        (
+            "a link to a file outside",
+            |t, v| symlink(v, t).unwrap(),
+            "symbolic link",
+        ),
         (
             "a dangling link",
             |t, v| symlink(v.with_file_name("created-through-link"), t).unwrap(),
@@ -97,7 +101,11 @@ fn a_daemon_refuses_links_fifos_and_hard_links_in_its_volume_and_leaves_their_ta
                 text.contains(says) && text.contains(target.to_str().unwrap()),
                 "{rw}, {what}: the error must name the path and say why: {text}"
             );
-            assert_eq!(checksum(&victim), before, "{rw}, {what}: the outside file changed");
+            assert_eq!(
+                checksum(&victim),
+                before,
+                "{rw}, {what}: the outside file changed"
+            );
             assert!(
                 !outside.join("created-through-link").exists(),
                 "{rw}, {what}: a file was created outside the volume"
@@ -106,9 +114,16 @@ fn a_daemon_refuses_links_fifos_and_hard_links_in_its_volume_and_leaves_their_ta
         }
     }
     // With nothing planted, the same agent runs the same plan and cleans up after itself.
-    let o = run(&plan(dir.path(), &addr, "randwrite"), &dir.path().join("clean"));
+    let o = run(
+        &plan(dir.path(), &addr, "randwrite"),
+        &dir.path().join("clean"),
+    );
     assert!(o.status.success(), "{}", output_text(&o));
-    assert_eq!(std::fs::read_dir(&vol).unwrap().count(), 0, "files left in the volume");
+    assert_eq!(
+        std::fs::read_dir(&vol).unwrap().count(),
+        0,
+        "files left in the volume"
+    );
 }
 
 fn agent_run(job: &Path, extra: &[&str]) -> Output {
@@ -142,7 +157,10 @@ fn a_local_job_never_grows_or_overwrites_a_file_it_did_not_create_unless_told_to
     let o = agent_run(&job, &[]);
     let text = output_text(&o);
     assert_eq!(o.status.code(), Some(2), "{text}");
-    assert!(text.contains("does not extend") && text.contains("passwd"), "{text}");
+    assert!(
+        text.contains("does not extend") && text.contains("passwd"),
+        "{text}"
+    );
     assert_eq!(checksum(&existing), before, "a read job changed a file");
 
     write_job("randwrite", "");
@@ -150,7 +168,11 @@ fn a_local_job_never_grows_or_overwrites_a_file_it_did_not_create_unless_told_to
     let text = output_text(&o);
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("overwrite=1"), "{text}");
-    assert_eq!(checksum(&existing), before, "a write job wrote a file it did not create");
+    assert_eq!(
+        checksum(&existing),
+        before,
+        "a write job wrote a file it did not create"
+    );
 
     // Said in the job, fio's way: the file is the job's to grow and write.
     write_job("randwrite", "overwrite=1\n");
@@ -161,7 +183,10 @@ fn a_local_job_never_grows_or_overwrites_a_file_it_did_not_create_unless_told_to
     // A file that does not exist and may not be created.
     std::fs::write(
         &job,
-        format!("[j]\nfilename={}\nrw=write\nsize=64k\nallow_file_create=0\n", dir.path().join("new").display()),
+        format!(
+            "[j]\nfilename={}\nrw=write\nsize=64k\nallow_file_create=0\n",
+            dir.path().join("new").display()
+        ),
     )
     .unwrap();
     let o = agent_run(&job, &[]);
@@ -179,7 +204,10 @@ fn output_paths_are_checked_before_any_io_and_device_nodes_are_never_replaced() 
     let job = dir.path().join("job.fio");
     std::fs::write(
         &job,
-        format!("[j]\ndirectory={}\nrw=randwrite\nbs=4k\nsize=4m\nruntime=1\ntime_based=1\n", work.display()),
+        format!(
+            "[j]\ndirectory={}\nrw=randwrite\nbs=4k\nsize=4m\nruntime=1\ntime_based=1\n",
+            work.display()
+        ),
     )
     .unwrap();
 
@@ -189,8 +217,14 @@ fn output_paths_are_checked_before_any_io_and_device_nodes_are_never_replaced() 
     let o = agent_run(&job, &["--output", missing.to_str().unwrap()]);
     let text = output_text(&o);
     assert_eq!(o.status.code(), Some(2), "{text}");
-    assert!(text.contains(missing.parent().unwrap().to_str().unwrap()), "{text}");
-    assert!(t.elapsed().as_secs_f64() < 1.0, "the job ran before the output path was checked");
+    assert!(
+        text.contains(missing.parent().unwrap().to_str().unwrap()),
+        "{text}"
+    );
+    assert!(
+        t.elapsed().as_secs_f64() < 1.0,
+        "the job ran before the output path was checked"
+    );
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "IO happened");
 
     // A directory is refused; /dev/null is written into and stays a device.
@@ -198,15 +232,28 @@ fn output_paths_are_checked_before_any_io_and_device_nodes_are_never_replaced() 
     assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
     let o = agent_run(&job, &["--output", "/dev/null"]);
     assert!(o.status.success(), "{}", output_text(&o));
-    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(
+        std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
 
     // /dev/full: the write fails, the report still reaches stdout and the error names it.
     let o = agent_run(&job, &["--output", "/dev/full", "--output-format", "json"]);
     let text = output_text(&o);
     assert_ne!(o.status.code(), Some(0), "{text}");
     assert!(text.contains("/dev/full"), "{text}");
-    assert!(String::from_utf8_lossy(&o.stdout).contains("\"jobs\""), "{text}");
-    assert!(std::fs::metadata("/dev/full").unwrap().file_type().is_char_device());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"jobs\""),
+        "{text}"
+    );
+    assert!(
+        std::fs::metadata("/dev/full")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
 }
 
 /// A small tmpfs, unmounted when the test ends, pass or fail.
@@ -249,9 +296,15 @@ fn a_full_or_read_only_results_disk_keeps_the_report_and_names_the_path() {
     let o = run(&plan, &out);
     let text = output_text(&o);
     assert_eq!(o.status.code(), Some(3), "{text}");
-    assert!(text.contains("results.json") && text.contains("No space left"), "{text}");
+    assert!(
+        text.contains("results.json") && text.contains("No space left"),
+        "{text}"
+    );
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("all volumes"), "the report must reach stdout: {text}");
+    assert!(
+        stdout.contains("all volumes"),
+        "the report must reach stdout: {text}"
+    );
 
     // A read-only results directory is refused before any IO.
     let ro = SmallFs::mount(&dir.path().join("ro"), "64k");
@@ -266,6 +319,9 @@ fn a_full_or_read_only_results_disk_keeps_the_report_and_names_the_path() {
     let text = output_text(&o);
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains(ro.0.to_str().unwrap()), "{text}");
-    assert!(!text.contains("run: started"), "IO began before the check: {text}");
+    assert!(
+        !text.contains("run: started"),
+        "IO began before the check: {text}"
+    );
     assert!(t.elapsed().as_secs() < 2, "refused only after the run");
 }

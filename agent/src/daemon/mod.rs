@@ -1502,7 +1502,9 @@ mod tests {
         let depth = (available / 10 * 6 / (16 << 20)).max(1);
         let job = format!("[j]\nioengine=null\nrw=read\nsize=1m\nbs=16m\niodepth={depth}\n");
         let alone = request(&[("a", job.clone())]);
-        assert!(AgentService::prepare_volumes(&cfg, &alone, &Arc::new(AtomicBool::new(false))).is_ok());
+        assert!(
+            AgentService::prepare_volumes(&cfg, &alone, &Arc::new(AtomicBool::new(false))).is_ok()
+        );
         let both = request(&[("a", job.clone()), ("b", job)]);
         let e = AgentService::prepare_volumes(&cfg, &both, &Arc::new(AtomicBool::new(false)))
             .err()

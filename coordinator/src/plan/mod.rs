@@ -258,6 +258,14 @@ pub enum SweepOver {
 }
 
 impl SweepOver {
+    /// How a value of it reads in text: `depth 4`, `numjobs 4`.
+    pub fn word(self) -> &'static str {
+        match self {
+            SweepOver::Iodepth => "depth",
+            SweepOver::Numjobs => "numjobs",
+        }
+    }
+
     /// The fio option a step sets.
     pub fn option(self) -> &'static str {
         match self {

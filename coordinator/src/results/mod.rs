@@ -6,6 +6,10 @@
 //! time and so includes time an IO waited behind a slow one (no coordinated omission). Both are
 //! kept so the difference is visible.
 
+pub mod curve;
+pub mod drill;
+pub mod sweep;
+
 use std::collections::BTreeMap;
 
 use lockstep_proto::histogram::SparseHistogram;
@@ -237,7 +241,7 @@ pub struct RunResults {
     /// What each injected fault did (baseline, during, after, recovery), from the raw
     /// interval histograms; `None` when the run had no faults.
     #[serde(default)]
-    pub drill: Option<crate::drill::DrillReport>,
+    pub drill: Option<drill::DrillReport>,
     /// IOs slower than their job's `stuck_timeout` (default 5 s), by volume and time.
     #[serde(default)]
     pub stuck_ios: Vec<StuckIoResult>,
@@ -255,9 +259,9 @@ pub struct RunResults {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Series {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub curve: Option<crate::curve::CurveReport>,
+    pub curve: Option<curve::CurveReport>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sweep: Option<crate::sweep::SweepReport>,
+    pub sweep: Option<sweep::SweepReport>,
 }
 
 /// A flattened `Series` reads as present even when the file has neither section: keep `None`

@@ -1,5 +1,9 @@
 //! The readable final report of a cluster run.
 
+pub mod curve;
+pub mod drill;
+pub mod sweep;
+
 use std::fmt::Write;
 
 use crate::results::{AgentState, DirSummary, RunResults, RunStatus, Summary};
@@ -159,16 +163,16 @@ pub fn render(r: &RunResults) -> String {
         }
     }
     if let Some(d) = r.drill.as_ref().filter(|d| !d.faults.is_empty()) {
-        let _ = write!(o, "\ndrill: {}", crate::drill::render_text(d));
+        let _ = write!(o, "\ndrill: {}", drill::render_text(d));
     }
-    o.push_str(&crate::drill::render_stuck_and_verify(r));
+    o.push_str(&drill::render_stuck_and_verify(r));
     if let Some(c) = r.series.as_ref().and_then(|s| s.curve.as_ref()) {
         o.push('\n');
-        o.push_str(&crate::curve::render_text(c));
+        o.push_str(&curve::render_text(c));
     }
     if let Some(sw) = r.series.as_ref().and_then(|s| s.sweep.as_ref()) {
         o.push('\n');
-        o.push_str(&crate::sweep::render_text(sw));
+        o.push_str(&sweep::render_text(sw));
     }
     if let Some(c) = &r.chokepoint {
         if let Some(text) = c.get("text").and_then(|t| t.as_str()) {

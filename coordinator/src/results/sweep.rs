@@ -1,0 +1,78 @@
+//! A depth (or numjobs) sweep's results: per role, each step's figures beside Little's law,
+//! and the verdict on where more IOs in flight stop buying IOPS. Produced by sweep mode,
+//! rendered by the exporters.
+
+use serde::{Deserialize, Serialize};
+
+use super::curve::StepFigures;
+use crate::plan::SweepOver;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepReport {
+    pub roles: Vec<RoleSweep>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleSweep {
+    pub role: String,
+    /// What the steps vary: every job's `iodepth`, or `numjobs`.
+    pub over: SweepOver,
+    pub steps: Vec<SweepStep>,
+    /// For the role (its volumes' IOPS summed, latency merged).
+    pub verdict: Verdict,
+    pub volume_verdicts: Vec<Verdict>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepStep {
+    /// The step's value of `over`.
+    pub depth: u32,
+    /// The step's results directory, relative to the run's.
+    pub dir: String,
+    pub role: SweepFigures,
+    pub volumes: Vec<SweepFigures>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepFigures {
+    /// Target, IOPS, mean and percentiles, as curve mode has them (closed loop: latency from
+    /// the actual issue).
+    #[serde(flatten)]
+    pub lat: StepFigures,
+    /// IOs the jobs keep in flight: iodepth x numjobs summed over the jobs (and, for the role,
+    /// over its volumes), as the agents configured them.
+    pub outstanding: u64,
+    /// Measured: mean of the per-interval time-averaged IOs in flight.
+    pub in_flight_mean: f64,
+    /// Little's law: outstanding / mean latency. The achieved IOPS fall short of it by the time
+    /// a slot stays empty between a completion and the next issue.
+    pub littles_iops: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    /// Past the knee: more outstanding IOs only queue.
+    Saturated,
+    /// IOPS still grew with the last step.
+    Scaling,
+    /// Neither IOPS nor latency grew with the last steps: the IOs were not in flight.
+    Limited,
+    /// Fewer than two steps with IOs: nothing to compare.
+    #[default]
+    Single,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The role, or `node/volume`.
+    pub target: String,
+    pub kind: VerdictKind,
+    /// The knee (saturated), else the deepest step.
+    pub depth: u32,
+    pub text: String,
+}
+
+/// A step whose IOPS fall below this share of what Little's law expects kept fewer IOs in
+/// flight than configured: the load generator, not the volume, limited it.
+pub const LITTLE_SHORTFALL: f64 = 0.8;
