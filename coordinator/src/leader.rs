@@ -519,7 +519,7 @@ async fn execute(
         run.run_id,
         run.agents.len()
     );
-    let args = crate::cli::RunArgs {
+    let args = crate::app::RunArgs {
         plan: plan_path,
         local: None,
         allow_exec: false,
@@ -536,7 +536,7 @@ async fn execute(
     // `run_command` builds its own runtime: give it a thread of its own.
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(crate::cli::run_command(args).map_err(|e| format!("{e:#}")));
+        let _ = tx.send(crate::app::run_command(args).map_err(|e| format!("{e:#}")));
     });
     let outcome = tokio::select! {
         r = rx => r.unwrap_or_else(|_| Err("the run thread panicked".into())),

@@ -12,7 +12,8 @@
 //! - `local`: `--local N`, agents as child processes on this machine;
 //! - `signals`: SIGINT and SIGTERM as an orderly stop (partial results, 130 or 143);
 //! - `live`: the live view (progress bar, or log lines when not on a terminal);
-//! - `cli`: the `lockstep` commands behind `main.rs`;
+//! - `app/`: the application layer behind `main.rs`: a run request, dispatch of single, curve
+//!   and sweep runs (`app/series`, `app/curve`, `app/sweep`), objectives and exit codes;
 //! - `metrics`: Prometheus metrics of a running coordinator;
 //! - `hlog`: the raw interval histograms in HdrHistogram's log format;
 //! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
@@ -26,9 +27,9 @@
 //! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
 //! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
 //!   holding the cluster back, with evidence.
+pub mod app;
 pub mod certs;
 pub mod chokepoint;
-pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod curve;

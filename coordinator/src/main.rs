@@ -2,7 +2,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lockstep::cli::{self, RunArgs};
+use lockstep::app::{self as cli, RunArgs};
 
 /// lockstep: one storage benchmark across a whole cluster, started in lockstep, with the
 /// volume that holds the cluster back named.

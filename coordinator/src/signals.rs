@@ -10,6 +10,11 @@ use std::sync::OnceLock;
 
 use tokio::sync::watch;
 
+/// Exit code of a run stopped by SIGINT (the shell's 128 + 2).
+pub const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code of a run stopped by SIGTERM (128 + 15).
+pub const EXIT_TERMINATED: u8 = 143;
+
 /// Which signal asked for the stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -21,8 +26,8 @@ impl Stop {
     /// The exit code of a run stopped this way.
     pub fn exit_code(self) -> u8 {
         match self {
-            Stop::Interrupt => crate::cli::EXIT_INTERRUPTED,
-            Stop::Terminate => crate::cli::EXIT_TERMINATED,
+            Stop::Interrupt => EXIT_INTERRUPTED,
+            Stop::Terminate => EXIT_TERMINATED,
         }
     }
 

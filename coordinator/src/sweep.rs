@@ -15,18 +15,14 @@
 //! of its volumes' measured interval histograms) and the IOPS Little's law expects; then a
 //! verdict per role and per volume (`verdict`): the knee, or still scaling.
 
-use std::path::Path;
-use std::process::ExitCode;
-
 /// The report types live in the results model; this module produces them.
 pub use crate::results::sweep::{
     LITTLE_SHORTFALL, RoleSweep, SweepFigures, SweepReport, SweepStep, Verdict, VerdictKind,
 };
 
-use crate::cli::RunArgs;
 use crate::curve::{self, StepFigures};
 use crate::hlog::LogEntry;
-use crate::plan::{AgentInfo, DepthSweep, Plan, SweepOver};
+use crate::plan::{DepthSweep, Plan, SweepOver};
 use crate::results::RunResults;
 
 /// A doubling of the depth that buys less IOPS than this (per doubling, from the knee on) is
@@ -148,7 +144,7 @@ pub fn verdict(target: &str, over: SweepOver, points: &[Point]) -> Verdict {
 }
 
 /// A step's figures of `role`: curve mode's, with the outstanding IOs and Little's law.
-fn step_figures(
+pub(crate) fn step_figures(
     results: &RunResults,
     entries: &[LogEntry],
     role: &str,
@@ -187,7 +183,7 @@ fn step_figures(
 }
 
 /// The role's and each volume's verdict from its steps.
-fn judge(rs: &mut RoleSweep) {
+pub(crate) fn judge(rs: &mut RoleSweep) {
     let point = |depth: u32, f: &SweepFigures| Point {
         depth,
         iops: f.lat.iops,
@@ -214,94 +210,6 @@ fn judge(rs: &mut RoleSweep) {
             verdict(n, rs.over, &pts)
         })
         .collect();
-}
-
-/// The plan of step `index`: every sweeping role's workload at its value for the step.
-fn step(plan: &Plan, roles: &[(String, DepthSweep)], index: usize) -> curve::Step<usize> {
-    let mut p = plan.clone();
-    let mut what = Vec::new();
-    for r in &mut p.roles {
-        if let Some((_, s)) = roles.iter().find(|(n, _)| n == &r.name) {
-            let v = s.values[index];
-            r.workload = crate::plan::with_depth(&r.workload, s.over, v);
-            what.push(format!(
-                "role {} at {} {v} (closed loop)",
-                r.name,
-                s.over.option()
-            ));
-        }
-    }
-    // `depth 4`, or `depth 4+depth 16` when the roles' sweeps differ.
-    let mut values: Vec<(&str, u32)> = roles
-        .iter()
-        .map(|(_, s)| (s.over.word(), s.values[index]))
-        .collect();
-    values.dedup();
-    let join = |sep: &str| {
-        values
-            .iter()
-            .map(|(w, v)| format!("{w}{sep}{v}"))
-            .collect::<Vec<_>>()
-            .join("+")
-    };
-    curve::Step {
-        name: join(" "),
-        slug: join(""),
-        what: what.join(", "),
-        plan: p,
-        data: index,
-    }
-}
-
-/// Runs the sweep: one complete run per value, each in `out_dir/sweep/`.
-pub async fn run(
-    args: &RunArgs,
-    plan: &Plan,
-    infos: &[AgentInfo],
-    token: Option<String>,
-    out_dir: &Path,
-) -> anyhow::Result<ExitCode> {
-    let roles = sweep_roles(plan);
-    let count = roles.first().map_or(0, |(_, s)| s.values.len());
-    let steps = (0..count).map(|i| step(plan, &roles, i)).collect();
-    let mut report = SweepReport {
-        roles: roles
-            .iter()
-            .map(|(r, s)| RoleSweep {
-                role: r.clone(),
-                over: s.over,
-                ..Default::default()
-            })
-            .collect(),
-    };
-    let (mut results, failed) =
-        curve::run_steps(args, infos, token, out_dir, "sweep", steps, |step, run| {
-            for (rs, (_, sweep)) in report.roles.iter_mut().zip(&roles) {
-                let (role, volumes) = step_figures(&run.results, &run.entries, &rs.role);
-                rs.steps.push(SweepStep {
-                    depth: sweep.values[step.data],
-                    dir: run.dir.clone(),
-                    role,
-                    volumes,
-                });
-            }
-            Ok(Vec::new())
-        })
-        .await?;
-    report.roles.iter_mut().for_each(judge);
-    results.series = Some(crate::results::Series {
-        sweep: Some(report.clone()),
-        ..Default::default()
-    });
-    curve::finish(
-        args,
-        out_dir,
-        "sweep",
-        &results,
-        failed,
-        &report,
-        &crate::report::text::sweep::render_text(&report),
-    )
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::curve::StepFigures;
 use crate::plan::SweepOver;
+use crate::results::curve::StepFigures;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SweepReport {

@@ -5,6 +5,10 @@
 //! report on stdout, exit code from objectives (and the chokepoint with --fail-on-chokepoint).
 //! `report`: re-renders a finished run from its directory.
 
+mod curve;
+mod series;
+mod sweep;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -48,8 +52,7 @@ pub struct RunArgs {
 /// (bad plan, unreachable agent); 130 stopped with Ctrl-C (SIGINT); 143 stopped with SIGTERM.
 /// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
-pub const EXIT_INTERRUPTED: u8 = 130;
-pub const EXIT_TERMINATED: u8 = 143;
+pub use crate::signals::{EXIT_INTERRUPTED, EXIT_TERMINATED};
 /// The run finished and its report went to stdout, but a results file could not be written
 /// (a full or read-only disk); the error names each file.
 pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;
@@ -510,9 +513,9 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
     };
     // A plan has at most one kind of series (the plan refuses both).
     let outcome = if !crate::curve::curve_roles(&plan).is_empty() {
-        crate::curve::run(&args, &plan, &infos, token, &out_dir).await
+        curve::run(&args, &plan, &infos, token, &out_dir).await
     } else if !crate::sweep::sweep_roles(&plan).is_empty() {
-        crate::sweep::run(&args, &plan, &infos, token, &out_dir).await
+        sweep::run(&args, &plan, &infos, token, &out_dir).await
     } else {
         run_resolved(&args, &plan, &infos, token, &out_dir).await
     };
