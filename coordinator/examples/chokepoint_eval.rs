@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use lockstep::chokepoint::{AnalysisOptions, ChokepointReport, Verdict, analyze, render_text};
+use lockstep::analysis::chokepoint::{
+    AnalysisOptions, ChokepointReport, Verdict, analyze, render_text,
+};
 use lockstep::scenario::{
     self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec,
 };
@@ -379,8 +381,8 @@ fn timing(args: &Args, base: &AnalysisOptions) -> bool {
     println!(
         "  generated in {:.1} s; timeline in memory ~{:.2} GB ({} bytes a point), RSS {:.2} GB",
         start.elapsed().as_secs_f64(),
-        (points * std::mem::size_of::<lockstep::timeline::VolumePoint>()) as f64 / 1e9,
-        std::mem::size_of::<lockstep::timeline::VolumePoint>(),
+        (points * std::mem::size_of::<lockstep::results::timeline::VolumePoint>()) as f64 / 1e9,
+        std::mem::size_of::<lockstep::results::timeline::VolumePoint>(),
         rss_before as f64 / 1e6 * 1.024,
     );
     let opts = sc.options(base);

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use lockstep::merge::{Merger, VolumeInfo};
+use lockstep::results::merge::{Merger, VolumeInfo};
 use lockstep::results::{RunResults, RunStatus};
 use lockstep_proto::histogram::encode;
 use lockstep_proto::v1::{DirInterval, VolumeInterval};
@@ -142,11 +142,11 @@ fn main() {
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();
-    lockstep::report::write_run_dir(dir.path(), &results).unwrap();
+    lockstep::export::write_run_dir(dir.path(), &results).unwrap();
     let write_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let loaded = lockstep::report::read_run_dir(dir.path()).unwrap();
-    let text = lockstep::report::text::render(&loaded);
+    let loaded = lockstep::export::read_run_dir(dir.path()).unwrap();
+    let text = lockstep::export::text::render(&loaded);
     let report_s = t.elapsed().as_secs_f64();
     let size = std::fs::metadata(dir.path().join("results.json"))
         .unwrap()

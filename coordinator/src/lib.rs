@@ -1,52 +1,33 @@
 //! lockstep: the coordinator and CLI.
 //!
-//! Map of the crate:
-//! - `timeline`: per-volume, per-interval figures of a run (the report's time series and the
-//!   chokepoint finder's input);
-//! - `clock`: clock offsets (lowest round trip wins) and the achieved start skew;
-//! - `merge`: interval reports into volume, node and cluster results, from merged histograms;
-//! - `results`: the one results structure of a run (`results.json`);
-//! - `client`: connecting to an agent (plain or mutual TLS; versions checked, clock probes);
-//! - `certs`: `lockstep certs`, a test CA and certificates for mutual TLS;
-//! - `run`: a run on agents: prepare, synchronized start, streams, lost agents, abort;
-//! - `local`: `--local N`, agents as child processes on this machine;
-//! - `signals`: SIGINT and SIGTERM as an orderly stop (partial results, 130 or 143);
-//! - `live`: the live view (progress bar, or log lines when not on a terminal);
-//! - `app/`: the application layer behind `main.rs`: a run request, dispatch of single, curve
-//!   and sweep runs (`app/series`, `app/curve`, `app/sweep`), objectives and exit codes;
-//! - `metrics`: Prometheus metrics of a running coordinator;
-//! - `hlog`: the raw interval histograms in HdrHistogram's log format;
-//! - `report/`: exporters (text, fio JSON with client_stats, CSV timeline);
-//! - `registry`: live agents from etcd (`lockstep agents`, `lockstep run --etcd`);
-//! - `leader`: coordinators as a service: etcd election, run state in etcd, takeover;
-//! - `plan`, `profiles`: plans in TOML, resolved against the run's agents; built-in workloads;
-//! - `curve`: curve mode (vdbench `iorate=curve`): the maximum, then steps at percentages of it;
-//!   its series loop (one complete run per step) serves sweep mode too;
-//! - `sweep`: sweep mode: one closed-loop run per iodepth (or numjobs), latency against
-//!   outstanding IOs, and where more of them stop buying IOPS (Little's law);
-//! - `drill`: pure analysis of what each injected fault did (baseline, during, after, recovery);
-//! - `chokepoint`: pure analysis of a run's per-volume timeline that names the volume (or node)
-//!   holding the cluster back, with evidence.
+//! The crate is a one-way pipeline; each folder is a stage and imports only the stages listed
+//! before it (docs/architecture.md has the diagram and the rules):
+//! - `plan/`: plans in TOML, resolved against the run's agents; built-in workload profiles;
+//! - `results/`: the one results structure of a run (`results.json`) and what builds it:
+//!   `timeline` (per-volume, per-interval figures), `merge` (interval reports into volume, node
+//!   and cluster results, from merged histograms), `hlog` (the raw interval histograms in
+//!   HdrHistogram's log format), `clock` (clock offsets and the achieved start skew, from
+//!   probes), and the drill, curve and sweep report types;
+//! - `orchestrate/`: running a plan on agents: `client` (connections, plain or mutual TLS,
+//!   versions checked, clock probes), `run` (prepare,
+//!   synchronized start, interval streams, lost agents, abort), `local` (`--local N` agents as
+//!   child processes), `registry` (live agents from etcd), `signals` (SIGINT/SIGTERM as stops);
+//! - `analysis/`: pure analysis of results: `chokepoint` (the volume or node holding the cluster
+//!   back, with evidence), `drill` (what each fault did), `curve` and `sweep` (figures and the
+//!   knee);
+//! - `export/`: one exporter per format, reading only results: `text`, `fio` (fio JSON with
+//!   `client_stats`), `csv`, the results directory, and `metrics` (Prometheus);
+//! - `app/`: the application layer behind `main.rs`: a run request, single runs, series of runs
+//!   for curve and sweep (`series`, `curve`, `sweep`), the live view, objectives, exit codes,
+//!   `lockstep certs`;
+//! - `service/`: coordinators as a service (`leader`: etcd election, run state in etcd,
+//!   takeover), which calls `app`;
+//! - `scenario`: synthetic timelines for the chokepoint finder's tests and evaluation.
+pub mod analysis;
 pub mod app;
-pub mod certs;
-pub mod chokepoint;
-pub mod client;
-pub mod clock;
-pub mod curve;
-pub mod drill;
-pub mod hlog;
-pub mod leader;
-pub mod live;
-pub mod local;
-pub mod merge;
-pub mod metrics;
+pub mod export;
+pub mod orchestrate;
 pub mod plan;
-pub mod profiles;
-pub mod registry;
-pub mod report;
 pub mod results;
-pub mod run;
 pub mod scenario;
-pub mod signals;
-pub mod sweep;
-pub mod timeline;
+pub mod service;

@@ -149,7 +149,7 @@ impl TlsArgs {
     fn apply(self) -> anyhow::Result<()> {
         use lockstep_agent::daemon::tls::TlsFiles;
         if let Some(files) = TlsFiles::from_flags(self.tls_cert, self.tls_key, self.tls_ca)? {
-            lockstep::client::use_tls(&files)?;
+            lockstep::orchestrate::client::use_tls(&files)?;
         }
         Ok(())
     }
@@ -217,12 +217,12 @@ fn main() -> ExitCode {
             etcd,
             etcd_prefix,
             json,
-        } => lockstep::registry::agents_command(&etcd, &etcd_prefix, json),
+        } => lockstep::orchestrate::registry::agents_command(&etcd, &etcd_prefix, json),
         Command::Certs {
             out,
             agents,
             coordinators,
-        } => lockstep::certs::certs_command(&out, &agents, &coordinators),
+        } => lockstep::app::certs::certs_command(&out, &agents, &coordinators),
         Command::Coordinator {
             etcd,
             etcd_prefix,
@@ -232,21 +232,23 @@ fn main() -> ExitCode {
             token,
             tls,
         } => tls.apply().and_then(|()| {
-            lockstep::leader::coordinator_command(lockstep::leader::CoordinatorOptions {
-                endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
-                prefix: etcd_prefix,
-                name: name.unwrap_or_else(lockstep_agent::daemon::hostname),
-                runs_dir,
-                leader_ttl,
-                token,
-            })
+            lockstep::service::leader::coordinator_command(
+                lockstep::service::leader::CoordinatorOptions {
+                    endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
+                    prefix: etcd_prefix,
+                    name: name.unwrap_or_else(lockstep_agent::daemon::hostname),
+                    runs_dir,
+                    leader_ttl,
+                    token,
+                },
+            )
         }),
         Command::Submit {
             plan,
             etcd,
             etcd_prefix,
             wait,
-        } => lockstep::leader::submit_command(
+        } => lockstep::service::leader::submit_command(
             &lockstep_agent::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             &plan,
@@ -256,7 +258,7 @@ fn main() -> ExitCode {
             etcd,
             etcd_prefix,
             json,
-        } => lockstep::leader::runs_command(
+        } => lockstep::service::leader::runs_command(
             &lockstep_agent::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             json,

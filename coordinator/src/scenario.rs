@@ -29,10 +29,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chokepoint::{
+use crate::analysis::chokepoint::{
     AnalysisOptions, ChokepointKind, GP2_BUCKET, GP2_BURST_IOPS, VolumeTimeScale,
 };
-use crate::timeline::{FaultWindow, Timeline, VolumeModel, VolumePoint, VolumeSeries};
+use crate::results::timeline::{FaultWindow, Timeline, VolumeModel, VolumePoint, VolumeSeries};
 
 /// xoshiro256** (Blackman and Vigna), seeded through splitmix64. Small, fast, and its stream for
 /// a seed never changes.

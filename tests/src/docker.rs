@@ -271,7 +271,7 @@ impl Cluster {
             .unwrap();
         let eps = vec![cluster.etcd_url.clone()];
         let all = wait_for(Duration::from_secs(30), || {
-            rt.block_on(lockstep::registry::list(&eps, "/lockstep"))
+            rt.block_on(lockstep::orchestrate::registry::list(&eps, "/lockstep"))
                 .is_ok_and(|l| l.len() == n)
         });
         assert!(
@@ -332,7 +332,7 @@ impl Cluster {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(lockstep::registry::list(
+        rt.block_on(lockstep::orchestrate::registry::list(
             &[self.etcd_url.clone()],
             "/lockstep",
         ))

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use lockstep::hlog;
+use lockstep::results::hlog;
 use lockstep_proto::histogram::SparseHistogram;
 use lockstep_tests::{Proc, bin, read_json, scratch, spawn_run, start_agent, wait_for};
 
@@ -273,7 +273,7 @@ fn an_agent_that_loses_its_coordinator_stops_its_io_after_the_grace_period() {
         .unwrap();
     let idle = wait_for(Duration::from_secs(5), || {
         rt.block_on(async {
-            lockstep::client::connect("a1", &addr, None)
+            lockstep::orchestrate::client::connect("a1", &addr, None)
                 .await
                 .unwrap()
                 .hello

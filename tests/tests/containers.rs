@@ -320,7 +320,7 @@ fn an_agent_cut_off_briefly_is_reattached_and_nothing_is_missing() {
 #[test]
 fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_the_run_and_says_so()
 {
-    use lockstep::leader::RunStatus;
+    use lockstep::service::leader::RunStatus;
     let _one = serial();
     let t0 = Instant::now();
     let mut c = Cluster::start(4, &[]);
@@ -332,7 +332,7 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
         .build()
         .unwrap();
     let leader = |rt: &tokio::runtime::Runtime| {
-        rt.block_on(lockstep::leader::current_leader(&eps, "/lockstep"))
+        rt.block_on(lockstep::service::leader::current_leader(&eps, "/lockstep"))
             .ok()
             .flatten()
             .map(|l| l.name)
@@ -354,7 +354,7 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let state = |rt: &tokio::runtime::Runtime| {
-        rt.block_on(lockstep::leader::run_state(&eps, "/lockstep", &id))
+        rt.block_on(lockstep::service::leader::run_state(&eps, "/lockstep", &id))
             .unwrap()
             .unwrap()
     };

@@ -18,7 +18,7 @@ fn rt() -> tokio::runtime::Runtime {
 /// Names of the agents currently listed in the registry.
 fn listed(rt: &tokio::runtime::Runtime, etcd: &Etcd) -> Vec<String> {
     let eps = vec![etcd.url.clone()];
-    rt.block_on(lockstep::registry::list(&eps, "/lockstep"))
+    rt.block_on(lockstep::orchestrate::registry::list(&eps, "/lockstep"))
         .expect("listing the registry")
         .into_iter()
         .map(|a| a.registration.name)

@@ -37,7 +37,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn leader(rt: &tokio::runtime::Runtime, etcd: &Etcd) -> Option<String> {
-    rt.block_on(lockstep::leader::current_leader(
+    rt.block_on(lockstep::service::leader::current_leader(
         &[etcd.url.clone()],
         "/lockstep",
     ))
@@ -46,8 +46,12 @@ fn leader(rt: &tokio::runtime::Runtime, etcd: &Etcd) -> Option<String> {
     .map(|l| l.name)
 }
 
-fn state(rt: &tokio::runtime::Runtime, etcd: &Etcd, id: &str) -> lockstep::leader::RunState {
-    rt.block_on(lockstep::leader::run_state(
+fn state(
+    rt: &tokio::runtime::Runtime,
+    etcd: &Etcd,
+    id: &str,
+) -> lockstep::service::leader::RunState {
+    rt.block_on(lockstep::service::leader::run_state(
         &[etcd.url.clone()],
         "/lockstep",
         id,
@@ -79,7 +83,7 @@ fn plan(dir: &Path, name: &str, duration: &str) -> std::path::PathBuf {
 
 #[test]
 fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() {
-    use lockstep::leader::RunStatus;
+    use lockstep::service::leader::RunStatus;
     let etcd = Etcd::start();
     let dir = scratch();
     let rt = rt();
@@ -119,7 +123,7 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
     assert_eq!(s.agents.len(), 2);
     // Running on both agents.
     let busy = |addr: &str, name: &str| {
-        rt.block_on(lockstep::client::connect(name, addr, None))
+        rt.block_on(lockstep::orchestrate::client::connect(name, addr, None))
             .map(|c| c.hello.busy_with_run)
             .unwrap_or_default()
     };

@@ -1,5 +1,5 @@
 //! Curve mode (vdbench's `iorate=curve`): the closed-loop maximum, then open-loop steps at
-//! percentages of it, each a complete run; the figures come from `crate::curve`.
+//! percentages of it, each a complete run; the figures come from `crate::analysis::curve`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::RunArgs;
 use super::series::{Step, finish, run_steps};
-use crate::curve::{CurveReport, CurveStep, RoleCurve, curve_roles, figures};
+use crate::analysis::curve::{CurveReport, CurveStep, RoleCurve, curve_roles, figures};
 use crate::plan::{AgentInfo, Plan};
 
 /// A curve step: its percentage (`None`: the maximum) and per-role rates.
@@ -119,7 +119,7 @@ pub async fn run(
         &results,
         failed,
         &report,
-        &crate::report::text::curve::render_text(&report),
+        &crate::export::text::curve::render_text(&report),
     )
 }
 

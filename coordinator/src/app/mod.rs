@@ -5,7 +5,9 @@
 //! report on stdout, exit code from objectives (and the chokepoint with --fail-on-chokepoint).
 //! `report`: re-renders a finished run from its directory.
 
+pub mod certs;
 mod curve;
+pub mod live;
 mod series;
 mod sweep;
 
@@ -15,15 +17,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::chokepoint::{self, AnalysisOptions, Verdict};
-use crate::hlog::HlogWriter;
-use crate::live::LiveView;
-use crate::local::LocalCluster;
+use crate::analysis::chokepoint::{self, AnalysisOptions, Verdict};
+use crate::app::live::LiveView;
+use crate::export;
+use crate::orchestrate::local::LocalCluster;
+use crate::orchestrate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
 use crate::plan::{self, AgentInfo, Assignment, Plan, VolumeInfo};
-use crate::report;
+use crate::results::hlog::HlogWriter;
+use crate::results::timeline::VolumeModel;
 use crate::results::{ObjectiveResult, RunResults, RunStatus};
-use crate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
-use crate::timeline::VolumeModel;
 
 pub struct RunArgs {
     pub plan: PathBuf,
@@ -52,7 +54,7 @@ pub struct RunArgs {
 /// (bad plan, unreachable agent); 130 stopped with Ctrl-C (SIGINT); 143 stopped with SIGTERM.
 /// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
-pub use crate::signals::{EXIT_INTERRUPTED, EXIT_TERMINATED};
+pub use crate::orchestrate::signals::{EXIT_INTERRUPTED, EXIT_TERMINATED};
 /// The run finished and its report went to stdout, but a results file could not be written
 /// (a full or read-only disk); the error names each file.
 pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;
@@ -107,7 +109,7 @@ fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating the results directory {}", dir.display()))?;
-    report::check_writable(dir)
+    export::check_writable(dir)
         .with_context(|| format!("the results directory {} is not writable", dir.display()))
 }
 
@@ -118,7 +120,7 @@ async fn discover(
 ) -> anyhow::Result<Vec<AgentInfo>> {
     let mut out = Vec::new();
     for (name, address, plan_labels) in agents {
-        let c = crate::client::connect(name, address, token).await?;
+        let c = crate::orchestrate::client::connect(name, address, token).await?;
         let mut labels: std::collections::BTreeMap<String, String> =
             c.hello.labels.clone().into_iter().collect();
         labels.extend(plan_labels.clone());
@@ -268,7 +270,7 @@ pub struct ForecastCheck {
 /// For a credit-exhaustion chokepoint: the forecast the finder makes from the timeline cut
 /// half-way to the onset (what the live view showed then), compared with the actual onset.
 pub fn forecast_before_cliff(
-    t: &crate::timeline::Timeline,
+    t: &crate::results::timeline::Timeline,
     opts: &AnalysisOptions,
     final_report: &chokepoint::ChokepointReport,
 ) -> Option<ForecastCheck> {
@@ -350,7 +352,7 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
             .iter()
             .any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
     };
-    let min_rate = |vols: &[&crate::timeline::VolumeSeries],
+    let min_rate = |vols: &[&crate::results::timeline::VolumeSeries],
                     bytes: bool,
                     dir: Option<lockstep_agent::job::Direction>|
      -> Option<f64> {
@@ -385,7 +387,7 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
             let mut check =
                 |who: String,
                  summary: &crate::results::Summary,
-                 series: Vec<&crate::timeline::VolumeSeries>| {
+                 series: Vec<&crate::results::timeline::VolumeSeries>| {
                     let value = match o.metric {
                         Metric::IopsMin => min_rate(&series, false, o.direction),
                         Metric::MbpsMin => min_rate(&series, true, o.direction),
@@ -454,7 +456,7 @@ pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
     // Before any agent starts: a stop during their start or layout is an orderly one too.
-    crate::signals::install();
+    crate::orchestrate::signals::install();
     let mut local = None;
     let (infos, token) = if let Some(n) = args.local {
         anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
@@ -489,7 +491,7 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         // Live agents from the registry; the plan's [[agent]] list is not used.
         let endpoints = lockstep_agent::registry::parse_endpoints(etcd);
         (
-            crate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?,
+            crate::orchestrate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?,
             args.token.clone(),
         )
     } else {
@@ -512,9 +514,9 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         )
     };
     // A plan has at most one kind of series (the plan refuses both).
-    let outcome = if !crate::curve::curve_roles(&plan).is_empty() {
+    let outcome = if !crate::analysis::curve::curve_roles(&plan).is_empty() {
         curve::run(&args, &plan, &infos, token, &out_dir).await
-    } else if !crate::sweep::sweep_roles(&plan).is_empty() {
+    } else if !crate::analysis::sweep::sweep_roles(&plan).is_empty() {
         sweep::run(&args, &plan, &infos, token, &out_dir).await
     } else {
         run_resolved(&args, &plan, &infos, token, &out_dir).await
@@ -541,7 +543,7 @@ pub(crate) async fn run_resolved(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "run".into());
     let spec = run_spec(&run_id, &assignment, args.keep_files, token);
-    let stop_rx = crate::signals::watch();
+    let stop_rx = crate::orchestrate::signals::watch();
     let hlog_path = out_dir.join("intervals.hlog");
     // Never through a link left in the results directory.
     let file = {
@@ -555,8 +557,8 @@ pub(crate) async fn run_resolved(
             .with_context(|| format!("creating {}", hlog_path.display()))?
     };
     let mut hlog = Some(HlogWriter::new(
-        std::io::BufWriter::new(crate::hlog::KeepGoing::new(file)),
-        crate::client::unix_ns() / 1_000_000,
+        std::io::BufWriter::new(crate::results::hlog::KeepGoing::new(file)),
+        crate::orchestrate::client::unix_ns() / 1_000_000,
     )?);
     let mut live = LiveView::new(assignment.run_length(), args.json);
     live.analysis = analysis_options(&assignment);
@@ -564,7 +566,7 @@ pub(crate) async fn run_resolved(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-listen {addr}"))?;
-        let m = std::sync::Arc::new(crate::metrics::CoordinatorMetrics::default());
+        let m = std::sync::Arc::new(crate::export::metrics::CoordinatorMetrics::default());
         live.metrics = Some(m.clone());
         eprintln!(
             "lockstep: metrics on http://{}/metrics",
@@ -586,7 +588,7 @@ pub(crate) async fn run_resolved(
     }
     let output = outcome?;
     let mut results = output.results;
-    crate::drill::collect_finals(&mut results, &output.finals);
+    crate::analysis::drill::collect_finals(&mut results, &output.finals);
     results.objectives = evaluate_objectives(&assignment, &results);
     let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
     let text = chokepoint::render_text(&analysis);
@@ -614,9 +616,9 @@ pub(crate) async fn run_resolved(
     results.chokepoint = Some(value);
     if !results.faults.is_empty() && unwritten.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
-        let entries =
-            crate::hlog::read(&hlog_path).context("reading intervals.hlog for the drill report")?;
-        let d = crate::drill::analyze(
+        let entries = crate::results::hlog::read(&hlog_path)
+            .context("reading intervals.hlog for the drill report")?;
+        let d = crate::analysis::drill::analyze(
             &entries,
             &results.timeline,
             &results.faults,
@@ -629,13 +631,13 @@ pub(crate) async fn run_resolved(
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
-        print!("{}", report::text::render(&results));
+        print!("{}", export::text::render(&results));
     }
-    let fio = report::fio::document(&results, &output.finals);
+    let fio = export::fio::document(&results, &output.finals);
     let fio = serde_json::to_string_pretty(&fio)?.into_bytes();
     for written in [
-        report::write_run_dir(out_dir, &results),
-        report::write_all_or_name_failures(out_dir, &[("fio.json", fio)]),
+        export::write_run_dir(out_dir, &results),
+        export::write_all_or_name_failures(out_dir, &[("fio.json", fio)]),
     ] {
         if let Err(e) = written {
             unwritten.push(e.to_string());
@@ -664,16 +666,16 @@ fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {
 
 /// The exit code of a stopped run: 143 when SIGTERM stopped it, else 130 (Ctrl-C).
 pub fn interrupted_code() -> u8 {
-    crate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
+    crate::orchestrate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
 }
 
 /// `lockstep report DIR`: re-renders a finished run.
 pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let r = report::read_run_dir(dir).map_err(anyhow::Error::msg)?;
+    let r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print!("{}", report::text::render(&r));
+        print!("{}", export::text::render(&r));
     }
     Ok(if r.objectives_failed() || r.verify_failed() {
         ExitCode::from(EXIT_OBJECTIVE)

@@ -9,8 +9,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::RunArgs;
+use crate::export;
 use crate::plan::{AgentInfo, Plan};
-use crate::report;
 use crate::results::{RunResults, RunStatus};
 
 /// One complete run of a series (curve and sweep modes), with what its mode needs to know
@@ -30,7 +30,7 @@ pub(crate) struct Step<T> {
 pub(crate) struct StepRun {
     pub dir: String,
     pub results: RunResults,
-    pub entries: Vec<crate::hlog::LogEntry>,
+    pub entries: Vec<crate::results::hlog::LogEntry>,
 }
 
 /// Runs `steps` one after another on the same agents, each a complete run with its own
@@ -59,8 +59,8 @@ pub(crate) async fn run_steps<T>(
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!("lockstep: {mode} step {}: {}", step.name, step.what);
         super::run_resolved(args, &step.plan, infos, token.clone(), &dir).await?;
-        let results = report::read_run_dir(&dir).map_err(anyhow::Error::msg)?;
-        let entries = crate::hlog::read(&dir.join("intervals.hlog"))
+        let results = export::read_run_dir(&dir).map_err(anyhow::Error::msg)?;
+        let entries = crate::results::hlog::read(&dir.join("intervals.hlog"))
             .context("reading the step's intervals.hlog")?;
         failed |= results.objectives_failed() || results.verify_failed();
         let aborted = results.status == RunStatus::Aborted;
@@ -98,13 +98,13 @@ pub(crate) fn finish(
     json: &impl Serialize,
     text: &str,
 ) -> anyhow::Result<ExitCode> {
-    report::write_atomically(
+    export::write_atomically(
         &out_dir.join("results.json"),
         &serde_json::to_vec_pretty(results)?,
     )?;
-    report::write_atomically(
+    export::write_atomically(
         &out_dir.join("report.txt"),
-        report::text::render(results).as_bytes(),
+        export::text::render(results).as_bytes(),
     )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(json)?);

@@ -1,13 +1,13 @@
 //! Sweep mode: one closed-loop run per iodepth (or numjobs) step; the figures and the verdict
-//! come from `crate::sweep`.
+//! come from `crate::analysis::sweep`.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use super::RunArgs;
 use super::series::{Step, finish, run_steps};
+use crate::analysis::sweep::{RoleSweep, SweepReport, SweepStep, judge, step_figures, sweep_roles};
 use crate::plan::{AgentInfo, DepthSweep, Plan};
-use crate::sweep::{RoleSweep, SweepReport, SweepStep, judge, step_figures, sweep_roles};
 
 /// The plan of step `index`: every sweeping role's workload at its value for the step.
 fn step(plan: &Plan, roles: &[(String, DepthSweep)], index: usize) -> Step<usize> {
@@ -93,6 +93,6 @@ pub async fn run(
         &results,
         failed,
         &report,
-        &crate::report::text::sweep::render_text(&report),
+        &crate::export::text::sweep::render_text(&report),
     )
 }

@@ -15,6 +15,7 @@
 //! plan is written by hand and the user must be able to go straight to the mistake.
 
 mod duration;
+pub mod profiles;
 mod raw;
 mod resolve;
 mod workload;

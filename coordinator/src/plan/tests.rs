@@ -188,7 +188,7 @@ fn a_full_plan_parses_into_typed_form() {
     );
     assert_eq!(
         db.workload.job_text,
-        crate::profiles::get("oltp-8k").unwrap().job
+        crate::plan::profiles::get("oltp-8k").unwrap().job
     );
     let o = &db.workload.overrides;
     assert_eq!(o["iodepth"], "32");

@@ -14,7 +14,7 @@ use toml::Spanned;
 
 use super::raw::{FioOptions, RawWorkload};
 use super::{PlanError, Source, Workload, WorkloadSource};
-use crate::profiles;
+use crate::plan::profiles;
 
 /// How deep `include` may nest: deeper is almost certainly a cycle the path check missed
 /// (for instance through symlinks).

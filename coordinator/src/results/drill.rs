@@ -1,5 +1,5 @@
 //! What a drill found: per fault, each affected volume's and the cluster's latency before,
-//! during and after it, and when latency recovered. Produced by `crate::drill`, rendered by the
+//! during and after it, and when latency recovered. Produced by `crate::analysis::drill`, rendered by the
 //! exporters; part of the results model, so it imports no analysis.
 
 use lockstep_proto::histogram::SparseHistogram;

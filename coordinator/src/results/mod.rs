@@ -6,17 +6,21 @@
 //! time and so includes time an IO waited behind a slow one (no coordinated omission). Both are
 //! kept so the difference is visible.
 
+pub mod clock;
 pub mod curve;
 pub mod drill;
+pub mod hlog;
+pub mod merge;
 pub mod sweep;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 
 use lockstep_proto::histogram::SparseHistogram;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::ClockEstimate;
-use crate::timeline::{FaultWindow, Timeline, VolumeModel};
+use crate::results::clock::ClockEstimate;
+use crate::results::timeline::{FaultWindow, Timeline, VolumeModel};
 
 /// Percentiles every summary carries (fio's default list).
 pub const PERCENTILES: [f64; 17] = [
@@ -411,7 +415,7 @@ fn missing_intervals(t: &Timeline) -> Vec<((String, String), String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::{VolumePoint, VolumeSeries};
+    use crate::results::timeline::{VolumePoint, VolumeSeries};
 
     fn results(nodes: &[&str]) -> RunResults {
         let summary = serde_json::to_value(Summary::default()).unwrap();

@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::SweepOver;
+/// What the steps vary, as the plan said it.
+pub use crate::plan::SweepOver;
 use crate::results::curve::StepFigures;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::timeline::{VolumeModel, VolumePoint};
+use crate::results::timeline::{VolumeModel, VolumePoint};
 
 /// gp2 bucket size in IO credits (one credit pays for one IO of up to 256 KiB).
 pub const GP2_BUCKET: f64 = 5_400_000.0;

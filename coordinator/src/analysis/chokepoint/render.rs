@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use super::credit::trim_float;
 use super::{ChokepointKind, ChokepointReport, CreditForecast, Verdict, VolumeVerdict};
-use crate::timeline::VolumeModel;
+use crate::results::timeline::VolumeModel;
 
 /// Renders a report as text: the verdict sentence first, then evidence, weaker findings and
 /// credit forecasts, one per line.

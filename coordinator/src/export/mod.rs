@@ -9,6 +9,7 @@
 
 pub mod csv;
 pub mod fio;
+pub mod metrics;
 pub mod text;
 
 use std::path::Path;

@@ -20,10 +20,10 @@ pub use crate::results::sweep::{
     LITTLE_SHORTFALL, RoleSweep, SweepFigures, SweepReport, SweepStep, Verdict, VerdictKind,
 };
 
-use crate::curve::{self, StepFigures};
-use crate::hlog::LogEntry;
+use crate::analysis::curve::{self, StepFigures};
 use crate::plan::{DepthSweep, Plan, SweepOver};
 use crate::results::RunResults;
+use crate::results::hlog::LogEntry;
 
 /// A doubling of the depth that buys less IOPS than this (per doubling, from the knee on) is
 /// past the knee.
@@ -380,7 +380,7 @@ mod tests {
         judge(&mut rs);
         assert_eq!(rs.verdict.kind, VerdictKind::Saturated);
         assert_eq!(rs.volume_verdicts.len(), 2);
-        let t = crate::report::text::sweep::render_text(&SweepReport { roles: vec![rs] });
+        let t = crate::export::text::sweep::render_text(&SweepReport { roles: vec![rs] });
         assert!(
             t.starts_with("depth sweep, role db (iodepth of every job; closed loop"),
             "{t}"
@@ -460,7 +460,7 @@ mod tests {
         assert_eq!(step["volumes"][0]["littles_iops"], 1000.0);
         assert_eq!(json["sweep"]["roles"][0]["verdict"]["kind"], "single");
         assert_eq!(serde_json::from_value::<RunResults>(json).unwrap(), swept);
-        let text = crate::report::text::render(&swept);
+        let text = crate::export::text::render(&swept);
         assert!(text.contains("\ndepth sweep, role db (iodepth"), "{text}");
         assert!(
             text.contains("  verdict: one step with IOs (depth 4): nothing to compare"),

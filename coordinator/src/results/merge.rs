@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use lockstep_proto::histogram::{Geometry, HistogramCodecError, SparseHistogram};
 use lockstep_proto::v1::{DirInterval, VolumeInterval};
 
+use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::results::{ClusterPoint, DirSummary, LatSummary, NodeResult, Summary, VolumeResult};
-use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {

@@ -471,7 +471,7 @@ async fn execute(
         std::fs::write(&plan_path, &run.plan_text)
             .map_err(|e| format!("{}: {e}", plan_path.display()))?;
         let plan = crate::plan::load(&plan_path).map_err(|e| e.to_string())?;
-        let infos = crate::registry::agent_infos(&opts.endpoints, &opts.prefix)
+        let infos = crate::orchestrate::registry::agent_infos(&opts.endpoints, &opts.prefix)
             .await
             .map_err(|e| e.to_string())?;
         crate::plan::resolve(&plan, &infos).map_err(|e| e.to_string())
@@ -542,7 +542,7 @@ async fn execute(
         r = rx => r.unwrap_or_else(|_| Err("the run thread panicked".into())),
         _ = lost.changed() => return Err(LeaderError::Lost(lost.borrow().clone().unwrap_or_default())),
     };
-    let results = crate::report::read_run_dir(&out_dir).ok();
+    let results = crate::export::read_run_dir(&out_dir).ok();
     match (&outcome, &results) {
         (_, Some(r)) => {
             run.status = match r.status {
@@ -584,7 +584,9 @@ async fn take_over(
     let mut agent_results = Vec::new();
     for a in &run.agents {
         let (what, hello) =
-            match crate::client::connect(&a.name, &a.address, opts.token.as_deref()).await {
+            match crate::orchestrate::client::connect(&a.name, &a.address, opts.token.as_deref())
+                .await
+            {
                 Ok(mut c) => {
                     let was_running = c.hello.busy_with_run == run.run_id;
                     let req = AbortRequest {
@@ -610,7 +612,7 @@ async fn take_over(
             "address": a.address,
             "hostname": hello.as_ref().map(|h| h.hostname.clone()).unwrap_or_default(),
             "version": hello.as_ref().map(|h| h.agent_version.clone()).unwrap_or_default(),
-            "clock": crate::clock::ClockEstimate::default(),
+            "clock": crate::results::clock::ClockEstimate::default(),
             "state": {"state": "lost", "at_ms": t.saturating_sub(run.started_unix_ms.unwrap_or(t)), "reason": format!("coordinator {old} lost; {what}")},
             "errors": [],
         }));
@@ -677,8 +679,8 @@ fn write_takeover_results(
     });
     // Through the results type when it accepts this, so `lockstep report DIR` renders it.
     match serde_json::from_value::<crate::results::RunResults>(value.clone()) {
-        Ok(r) => crate::report::write_run_dir(dir, &r).map_err(|e| e.to_string()),
-        Err(_) => crate::report::write_atomically(
+        Ok(r) => crate::export::write_run_dir(dir, &r).map_err(|e| e.to_string()),
+        Err(_) => crate::export::write_atomically(
             &dir.join("results.json"),
             &serde_json::to_vec_pretty(&value).unwrap(),
         )

@@ -16,11 +16,11 @@ use lockstep_proto::v1::{
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
-use crate::client::{self, Connected};
-use crate::clock::{self, ClockEstimate};
-use crate::merge::{Merger, VolumeInfo};
+use crate::orchestrate::client::{self, Connected};
+use crate::results::clock::{self, ClockEstimate};
+use crate::results::merge::{Merger, VolumeInfo};
+use crate::results::timeline::{FaultWindow, VolumeModel};
 use crate::results::{AgentResult, AgentState, Disconnection, PhaseResult, RunResults, RunStatus};
-use crate::timeline::{FaultWindow, VolumeModel};
 
 /// The work of one volume.
 #[derive(Debug, Clone)]
@@ -139,8 +139,8 @@ pub struct RunOutput {
 pub async fn execute(
     spec: RunSpec,
     observer: &mut dyn RunObserver,
-    mut stop: watch::Receiver<Option<crate::signals::Stop>>,
-    hlog: &mut Option<crate::hlog::RunLog>,
+    mut stop: watch::Receiver<Option<crate::orchestrate::signals::Stop>>,
+    hlog: &mut Option<crate::results::hlog::RunLog>,
 ) -> Result<RunOutput, RunError> {
     let interval_ms = spec.interval.as_millis().max(1) as u64;
     observer.message(&format!("connecting to {} agents", spec.agents.len()));
@@ -737,7 +737,7 @@ fn code_name(c: tonic::Code) -> &'static str {
 }
 
 fn write_hlog(
-    h: &mut crate::hlog::RunLog,
+    h: &mut crate::results::hlog::RunLog,
     node: &str,
     index: u64,
     interval_ms: u64,

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 pub use credit::{CreditForecast, CreditModel, CreditUnit, GP2_BUCKET, GP2_BURST_IOPS};
 pub use render::{format_duration_ms, live_lines, render_text};
 
-use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
+use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use stats::{Center, MAD_TO_SIGMA};
 
 /// Tuning of the finder. The defaults follow the research rules; each says why.

@@ -38,7 +38,7 @@ pub fn curve_roles(plan: &Plan) -> Vec<(String, Vec<f64>)> {
 /// Whether a log entry's interval counts for results: its middle lies in a measured phase, as
 /// the run decides (`run.rs`), so a ramp's intervals stay out of a role's percentiles as they
 /// stay out of its volumes'.
-fn measured(results: &RunResults, e: &crate::hlog::LogEntry) -> bool {
+fn measured(results: &RunResults, e: &crate::results::hlog::LogEntry) -> bool {
     let Some(t0) = results.phases.iter().map(|p| p.start_unix_ms).min() else {
         return true;
     };
@@ -53,7 +53,7 @@ fn measured(results: &RunResults, e: &crate::hlog::LogEntry) -> bool {
 /// results give them, and the role from the merge of their measured interval histograms.
 pub(crate) fn figures(
     results: &RunResults,
-    entries: &[crate::hlog::LogEntry],
+    entries: &[crate::results::hlog::LogEntry],
     role: &str,
 ) -> (StepFigures, Vec<StepFigures>) {
     let vols: Vec<_> = results.volumes.iter().filter(|v| v.role == role).collect();
@@ -151,7 +151,7 @@ mod tests {
                 ],
             }],
         };
-        let t = crate::report::text::curve::render_text(&c);
+        let t = crate::export::text::curve::render_text(&c);
         assert!(
             t.contains("rate curve, role db (maximum 4000 IOPS per volume"),
             "{t}"
@@ -181,7 +181,7 @@ mod tests {
             "cluster_timeline": [], "objectives": [],
         }))
         .unwrap();
-        let entry = |start_s: f64| crate::hlog::LogEntry {
+        let entry = |start_s: f64| crate::results::hlog::LogEntry {
             tag: "agent-1/data/read/lat".into(),
             start_s,
             len_s: 1.0,

@@ -35,9 +35,9 @@ pub use crate::results::drill::{
 use lockstep_agent::verify::VerifyReport;
 use lockstep_proto::v1::VolumeResult as WireVolumeResult;
 
-use crate::hlog::LogEntry;
+use crate::results::hlog::LogEntry;
+use crate::results::timeline::{FaultWindow, Timeline};
 use crate::results::{RunResults, StuckIoResult, VolumeVerify};
-use crate::timeline::{FaultWindow, Timeline};
 
 /// One interval of one volume (or of the cluster): both directions.
 #[derive(Debug, Clone, Default)]
@@ -423,7 +423,7 @@ pub fn collect_finals(r: &mut RunResults, finals: &[(String, WireVolumeResult)])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::{VolumePoint, VolumeSeries};
+    use crate::results::timeline::{VolumePoint, VolumeSeries};
     use hdrhistogram::Histogram;
 
     const I: u64 = 1000;
@@ -668,7 +668,7 @@ mod tests {
         assert!(d.lat_intended.is_none());
         assert_eq!(d.ios, 500, "counted from the histograms without a timeline");
         assert_eq!(v.recovery.recovered_at_ms, Some(7_000));
-        let text = crate::report::text::drill::render_text(&r);
+        let text = crate::export::text::drill::render_text(&r);
         for want in [
             "latency on n/data",
             "baseline",
@@ -765,7 +765,7 @@ mod tests {
             "{:?}",
             r.warnings
         );
-        let text = crate::report::text::drill::render_stuck_and_verify(&r);
+        let text = crate::export::text::drill::render_stuck_and_verify(&r);
         for want in [
             "b/data: write of 4096 bytes at offset 4096 of /v/w.0.0, issued at t=0.1s, STILL IN FLIGHT after 6000 ms",
             "b/data: FAILED: 10 blocks, 9 good, 0 lost, 1 stale, 0 corrupt",
@@ -775,7 +775,7 @@ mod tests {
             assert!(text.contains(want), "missing '{want}' in\n{text}");
         }
         assert_eq!(
-            crate::report::text::drill::render_stuck_and_verify(&empty_results()),
+            crate::export::text::drill::render_stuck_and_verify(&empty_results()),
             ""
         );
     }

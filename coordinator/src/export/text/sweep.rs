@@ -1,7 +1,7 @@
 //! The sweep section of the text report.
 
 use super::ms;
-use crate::plan::SweepOver;
+use crate::results::sweep::SweepOver;
 use crate::results::sweep::{LITTLE_SHORTFALL, SweepReport};
 
 /// The sweep section of the text report: per role, one line per step with Little's law beside

@@ -11,7 +11,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::clock::{self, ClockEstimate, Probe};
+use crate::results::clock::{self, ClockEstimate, Probe};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

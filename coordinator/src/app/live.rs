@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::chokepoint::{self, AnalysisOptions};
-use crate::merge::Merger;
-use crate::run::RunObserver;
+use crate::analysis::chokepoint::{self, AnalysisOptions};
+use crate::orchestrate::run::RunObserver;
+use crate::results::merge::Merger;
 
 pub struct LiveView {
     /// Prometheus metrics to keep current, when the coordinator serves them.
-    pub metrics: Option<std::sync::Arc<crate::metrics::CoordinatorMetrics>>,
+    pub metrics: Option<std::sync::Arc<crate::export::metrics::CoordinatorMetrics>>,
     /// Options of the live chokepoint finder (time scales of emulated volumes).
     pub analysis: AnalysisOptions,
     bar: Option<ProgressBar>,

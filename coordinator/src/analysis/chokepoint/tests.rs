@@ -4,8 +4,8 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::scenario::{self, LoadMode, ScenarioKind, ScenarioRng, ScenarioSpec};
-use crate::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 
 /// Deterministic jitter in [1 - a, 1 + a] from (volume, interval), so tests do not depend on
 /// the scenario generator.

@@ -108,7 +108,7 @@ pub async fn agent_infos(
         .filter(|a| a.registration.tls)
         .map(|a| a.registration.name.as_str())
         .collect();
-    if !tls.is_empty() && !crate::client::tls_enabled() {
+    if !tls.is_empty() && !crate::orchestrate::client::tls_enabled() {
         return Err(RegistryError::NeedsTls(tls.join(", ")));
     }
     Ok(live
