@@ -1,6 +1,6 @@
 //! What a drill found: per fault, each affected volume's and the cluster's latency before,
-//! during and after it, and when latency recovered. Produced by `crate::analysis::drill`, rendered by the
-//! exporters; part of the results model, so it imports no analysis.
+//! during and after it, and when latency recovered. Produced by the drill analysis, rendered by
+//! the exporters; part of the results model, so it imports no analysis.
 
 use lockstep_proto::histogram::SparseHistogram;
 use serde::{Deserialize, Serialize};
