@@ -189,13 +189,11 @@ fn not_regular(path: &Path, meta: &std::fs::Metadata) -> io::Error {
     )
 }
 
-/// `path` relative to `root`, refused when it is not lexically beneath it.
+/// `path` relative to `root`, refused when it is not lexically beneath it. Paths in a volume
+/// are always spelled from the root as the agent was given it (absolute, or relative to the
+/// agent's working directory for `--local` agents).
 fn relative(root: &Path, path: &Path) -> io::Result<PathBuf> {
-    let rel = if path.is_absolute() {
-        path.strip_prefix(root).map_err(|_| outside(path))?
-    } else {
-        path
-    };
+    let rel = path.strip_prefix(root).map_err(|_| outside(path))?;
     let mut clean = PathBuf::new();
     for c in rel.components() {
         match c {
@@ -445,6 +443,21 @@ mod tests {
             ok && scope.metadata(&p).unwrap().is_none()
         });
         assert!(a && b);
+    }
+
+    #[test]
+    fn a_root_relative_to_the_working_directory_works() {
+        let vol = tempfile::tempdir_in(".").unwrap();
+        let root = PathBuf::from(vol.path().file_name().unwrap());
+        let scope = Scope::Beneath(root.clone());
+        let m = scope.metadata(&root).unwrap().unwrap();
+        assert!(m.is_dir());
+        let f = root.join("f");
+        scope
+            .open(&f, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)
+            .unwrap();
+        assert!(vol.path().join("f").exists());
+        scope.remove(&f).unwrap();
     }
 
     #[test]

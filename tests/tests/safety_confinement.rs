@@ -325,3 +325,25 @@ fn a_full_or_read_only_results_disk_keeps_the_report_and_names_the_path() {
     );
     assert!(t.elapsed().as_secs() < 2, "refused only after the run");
 }
+
+/// `--local` agents get volumes under the results directory; a relative `--output` (the
+/// quickstart's default) must work with opens confined beneath them.
+#[test]
+fn a_local_run_with_a_relative_results_directory_works() {
+    let dir = scratch();
+    std::fs::write(
+        dir.path().join("plan.toml"),
+        "name = \"rel\"\nduration = \"2s\"\ninterval = \"1s\"\n\n[[role]]\nname = \"w\"\n\
+         [role.workload.fio]\nrw = \"randwrite\"\nbs = \"4k\"\niodepth = 2\nsize = \"4m\"\n",
+    )
+    .unwrap();
+    let o = Command::new(bin("lockstep"))
+        .args(["run", "--local", "2", "plan.toml", "--output", "out"])
+        .current_dir(dir.path())
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(dir.path().join("out/results.json").is_file());
+}

@@ -141,10 +141,11 @@ impl VolumeConfig {
             // Every path is spelled from the volume's root as given, so the opens beneath it
             // (see `confine`) can take it apart again.
             job.filenames = job.filenames.iter().map(|f| self.respell(f)).collect();
-            if job.directories.iter().all(|d| !d.is_absolute()) {
-                job.directories = vec![self.path.clone()];
-            }
-            job.directories = job.directories.iter().map(|d| self.respell(d)).collect();
+            job.directories = if job.directories.iter().all(|d| !d.is_absolute()) {
+                vec![self.path.clone()]
+            } else {
+                job.directories.iter().map(|d| self.respell(d)).collect()
+            };
             job.scope = Scope::Beneath(self.path.clone());
         } else {
             for f in &job.filenames {
@@ -218,6 +219,25 @@ mod tests {
             .to_string();
         assert!(e.contains("kind=gp9") && e.contains("gp3"), "{e}");
         assert!("d=/x,colour=red".parse::<VolumeConfig>().is_err());
+    }
+
+    /// `--local` agents are given volumes relative to their working directory.
+    #[test]
+    fn a_relative_volume_path_is_used_as_given() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let rel = PathBuf::from(dir.path().file_name().unwrap());
+        let v = VolumeConfig {
+            name: "data".into(),
+            path: rel.clone(),
+            size_bytes: 0,
+            kind: String::new(),
+            provisioned_iops: 0,
+            provisioned_mib_s: 0,
+        };
+        let mut job = JobSpec::with_defaults("j", Origin::default());
+        v.confine(&mut job).unwrap();
+        assert_eq!(job.directories, vec![rel.clone()]);
+        assert_eq!(job.scope, Scope::Beneath(rel));
     }
 
     #[test]

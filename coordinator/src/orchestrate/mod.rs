@@ -5,3 +5,4 @@ pub mod local;
 pub mod registry;
 pub mod run;
 pub mod signals;
+pub mod streams;
