@@ -745,6 +745,8 @@ const SUPPORTED: &[&str] = &[
     "fdatasync",
     "end_fsync",
     "verify",
+    "continue_on_error",
+    "ignore_error",
     "stonewall",
     "group_reporting",
     "percentile_list",
@@ -1383,6 +1385,14 @@ fn apply(
                 }
             };
         }
+        "continue_on_error" => spec
+            .on_error
+            .set_continue(need(value)?)
+            .map_err(Problem::Invalid)?,
+        "ignore_error" => spec
+            .on_error
+            .set_ignore(need(value)?)
+            .map_err(Problem::Invalid)?,
         // lockstep's own (fio issue #2012 proposes it): list IOs slower than this; 0 turns off.
         "stuck_timeout" => spec.stuck_timeout = units::parse_time(need(value)?, TimeUnit::Seconds)?,
         "stonewall" => spec.stonewall = boolean(value)?,
