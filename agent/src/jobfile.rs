@@ -1865,6 +1865,36 @@ mod tests {
     }
 
     #[test]
+    fn continue_on_error_and_ignore_error_follow_fio_and_bad_values_name_their_line() {
+        use crate::errpolicy::ErrorKind;
+        assert!(!job("rw=read").on_error.is_set(), "fio's default is none");
+        let j = job("continue_on_error=all");
+        assert!(j.on_error.survives(ErrorKind::Read, libc::EIO));
+        assert!(!job("continue_on_error=0").on_error.is_set());
+        // In order, as fio applies them: the later continue_on_error sets the kinds again.
+        let j = job("ignore_error=,ENOSPC\ncontinue_on_error=none");
+        assert!(!j.on_error.survives(ErrorKind::Write, libc::ENOSPC));
+        let j = one("[global]\ncontinue_on_error=write\n[j]\nignore_error=,ENOSPC:EDQUOT\n");
+        assert!(j.on_error.survives(ErrorKind::Write, libc::EDQUOT));
+        let e = job_err("continue_on_error=yes");
+        assert!(
+            e.contains("jobs/t.fio:2") && e.contains("continue_on_error"),
+            "{e}"
+        );
+        assert!(
+            e.contains("none, read, write, io, verify, all, 0, 1"),
+            "{e}"
+        );
+        let e = job_err("ignore_error=EIO,ENOSPCX");
+        assert!(
+            e.contains("jobs/t.fio:2") && e.contains("ignore_error"),
+            "{e}"
+        );
+        assert!(e.contains("'ENOSPCX' is not an error"), "{e}");
+        assert!(job_err("ignore_error=EIO,EIO,EIO,EIO").contains("at most 3"));
+    }
+
+    #[test]
     fn rates() {
         let j = job("rate=10m,5m\nrate_iops=500,200\nrate_process=poisson");
         assert_eq!(j.rate.bytes_per_sec, [Some(10 << 20), Some(5 << 20)]);

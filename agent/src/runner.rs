@@ -122,7 +122,8 @@ pub enum RunError {
 /// Runs every job of a job file and returns what they measured: `prepare` then `execute`.
 /// Set-up problems (bad targets, layout failures) are errors before any timed IO; IO errors
 /// during the run end the job that hit them (as fio's default `continue_on_error=none`) and are
-/// reported in its `JobReport`.
+/// reported in its `JobReport`, unless the job's `continue_on_error` covers them: then they are
+/// counted and the job goes on (see `errpolicy`).
 pub fn run_jobs(jobs: &[JobSpec], opts: &RunOptions) -> Result<RunReport, RunError> {
     Ok(prepare(jobs, opts)?.execute(opts))
 }
