@@ -579,6 +579,23 @@ fraction = 0.05
     assert_eq!(cluster, total, "the cluster's intervals count every error");
     assert_eq!(r["cluster"]["total"]["errors"], total);
     assert_eq!(volume(&r, "agent-1")["summary"]["total"]["errors"], 0);
+    // fio.json: fio's total_err and first_error (EIO) on the failing volume's job; the job's
+    // error is the first error, as fio reports a job that went on after errors.
+    let fio = read_json(&out.join("fio.json"));
+    let job = |node: &str| {
+        fio["client_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["hostname"] == node)
+            .unwrap_or_else(|| panic!("no fio job of {node}"))
+            .clone()
+    };
+    let (j2, j1) = (job("agent-2"), job("agent-1"));
+    assert_eq!(j2["total_err"], total, "{j2}");
+    assert_eq!(j2["first_error"], 5);
+    assert_eq!(j2["error"], 5);
+    assert_eq!((j1["total_err"].clone(), j1["error"].clone()), (0.into(), 0.into()));
 }
 
 /// Unmounts and detaches the loop device when the test ends, pass or fail.
