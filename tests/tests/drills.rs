@@ -595,7 +595,10 @@ fraction = 0.05
     assert_eq!(j2["total_err"], total, "{j2}");
     assert_eq!(j2["first_error"], 5);
     assert_eq!(j2["error"], 5);
-    assert_eq!((j1["total_err"].clone(), j1["error"].clone()), (0.into(), 0.into()));
+    assert_eq!(
+        (j1["total_err"].clone(), j1["error"].clone()),
+        (0.into(), 0.into())
+    );
 }
 
 /// Unmounts and detaches the loop device when the test ends, pass or fail.
