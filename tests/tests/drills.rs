@@ -601,6 +601,54 @@ fraction = 0.05
     );
 }
 
+/// Writes that fail with EIO under `continue_on_error=write` are not acknowledged, so the job
+/// goes on and its verification at the end stays exact: the failed writes are counted as
+/// errors, and no block is reported lost, stale or corrupt for them.
+#[test]
+fn continue_on_error_on_failed_writes_keeps_verification_exact() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = r#"
+name = "coe-verify"
+duration = "5s"
+[[role]]
+name = "db"
+rate_iops = 500
+[role.workload.fio]
+rw = "randwrite"
+bs = "4k"
+iodepth = 8
+size = "4m"
+ioengine = "io_uring"
+direct = 1
+verify = "crc32c"
+continue_on_error = "write"
+[[fault]]
+at = "1s"
+duration = "3s"
+target = { agents = ["agent-2"] }
+kind = "eio"
+fraction = 0.05
+"#;
+    let (o, out) = run(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&out.join("results.json"));
+    let errors = volume(&r, "agent-2")["summary"]["write"]["errors"]
+        .as_u64()
+        .unwrap();
+    let v = r["verify"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == "agent-2")
+        .expect("agent-2 verified")
+        .clone();
+    println!("agent-2: {errors} failed writes; verification {v}");
+    assert!(errors >= 20, "{errors}");
+    assert_eq!(v["good"], v["blocks"], "{v}");
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+}
+
 /// Unmounts and detaches the loop device when the test ends, pass or fail.
 struct LoopMount {
     dev: String,
