@@ -126,8 +126,8 @@ impl ErrorPolicy {
         self.mask != 0
     }
 
-    /// Whether a job with this policy goes on after `errno` (positive) on an IO of `dir`
-    /// (fio's `td_non_fatal_error`).
+    /// Whether a job with this policy goes on after `errno` (positive) of `kind` (fio's
+    /// `td_non_fatal_error`).
     pub fn survives(&self, kind: ErrorKind, errno: i32) -> bool {
         if self.mask & (1 << kind as u8) == 0 {
             return false;
