@@ -199,6 +199,9 @@ pub struct JobSpec {
     pub fdatasync: u32,
     pub end_fsync: bool,
     pub verify: Option<VerifyKind>,
+    /// `continue_on_error` and `ignore_error`: the errors the job counts and goes on after
+    /// instead of stopping (none by default, as in fio).
+    pub on_error: crate::errpolicy::ErrorPolicy,
     /// An IO that takes longer than this is listed as stuck (`stuck_timeout`, a lockstep
     /// extension named as proposed in fio issue #2012); zero turns the list off.
     pub stuck_timeout: Duration,
@@ -274,6 +277,7 @@ impl JobSpec {
             fdatasync: 0,
             end_fsync: false,
             verify: None,
+            on_error: Default::default(),
             stuck_timeout: DEFAULT_STUCK_TIMEOUT,
             group_reporting: false,
             percentile_list: DEFAULT_PERCENTILES.to_vec(),

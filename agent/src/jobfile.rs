@@ -745,6 +745,8 @@ const SUPPORTED: &[&str] = &[
     "fdatasync",
     "end_fsync",
     "verify",
+    "continue_on_error",
+    "ignore_error",
     "stonewall",
     "group_reporting",
     "percentile_list",
@@ -1383,6 +1385,14 @@ fn apply(
                 }
             };
         }
+        "continue_on_error" => spec
+            .on_error
+            .set_continue(need(value)?)
+            .map_err(Problem::Invalid)?,
+        "ignore_error" => spec
+            .on_error
+            .set_ignore(need(value)?)
+            .map_err(Problem::Invalid)?,
         // lockstep's own (fio issue #2012 proposes it): list IOs slower than this; 0 turns off.
         "stuck_timeout" => spec.stuck_timeout = units::parse_time(need(value)?, TimeUnit::Seconds)?,
         "stonewall" => spec.stonewall = boolean(value)?,
@@ -1852,6 +1862,36 @@ mod tests {
         assert!(e("zoned:60/10:40/90").contains("not supported"));
         assert!(e("zipf:x").contains("not a number"));
         assert!(e("hot").contains("expected random, zipf:THETA"));
+    }
+
+    #[test]
+    fn continue_on_error_and_ignore_error_follow_fio_and_bad_values_name_their_line() {
+        use crate::errpolicy::ErrorKind;
+        assert!(!job("rw=read").on_error.is_set(), "fio's default is none");
+        let j = job("continue_on_error=all");
+        assert!(j.on_error.survives(ErrorKind::Read, libc::EIO));
+        assert!(!job("continue_on_error=0").on_error.is_set());
+        // In order, as fio applies them: the later continue_on_error sets the kinds again.
+        let j = job("ignore_error=,ENOSPC\ncontinue_on_error=none");
+        assert!(!j.on_error.survives(ErrorKind::Write, libc::ENOSPC));
+        let j = one("[global]\ncontinue_on_error=write\n[j]\nignore_error=,ENOSPC:EDQUOT\n");
+        assert!(j.on_error.survives(ErrorKind::Write, libc::EDQUOT));
+        let e = job_err("continue_on_error=yes");
+        assert!(
+            e.contains("jobs/t.fio:2") && e.contains("continue_on_error"),
+            "{e}"
+        );
+        assert!(
+            e.contains("none, read, write, io, verify, all, 0, 1"),
+            "{e}"
+        );
+        let e = job_err("ignore_error=EIO,ENOSPCX");
+        assert!(
+            e.contains("jobs/t.fio:2") && e.contains("ignore_error"),
+            "{e}"
+        );
+        assert!(e.contains("'ENOSPCX' is not an error"), "{e}");
+        assert!(job_err("ignore_error=EIO,EIO,EIO,EIO").contains("at most 3"));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - `rate`: the pure open-loop scheduler (intended issue times for `rate_iops`/`rate`);
 //! - `engine/`: the small engine contract (queue, commit, reap) and its implementations:
 //!   io_uring, pread/pwrite worker threads, null;
+//! - `errpolicy`: fio's `continue_on_error`/`ignore_error`: which IO and verify errors a job
+//!   counts and goes on after;
 //! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
 //! - `confine`: where a job may touch files, and opens that cannot leave a volume;
 //! - `layout`: target files: safety checks, creation and pre-fill with progress, clean-up;
@@ -28,6 +30,7 @@ pub mod budget;
 pub mod confine;
 pub mod daemon;
 pub mod engine;
+pub mod errpolicy;
 pub mod fault;
 pub mod job;
 pub mod jobfile;

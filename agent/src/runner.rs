@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::budget;
 use crate::engine::{self, Completion, IoOp};
+use crate::errpolicy::{self, ErrorCount, ErrorKind};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
 use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
@@ -121,7 +122,8 @@ pub enum RunError {
 /// Runs every job of a job file and returns what they measured: `prepare` then `execute`.
 /// Set-up problems (bad targets, layout failures) are errors before any timed IO; IO errors
 /// during the run end the job that hit them (as fio's default `continue_on_error=none`) and are
-/// reported in its `JobReport`.
+/// reported in its `JobReport`, unless the job's `continue_on_error` covers them: then they are
+/// counted and the job goes on (see `errpolicy`).
 pub fn run_jobs(jobs: &[JobSpec], opts: &RunOptions) -> Result<RunReport, RunError> {
     Ok(prepare(jobs, opts)?.execute(opts))
 }
@@ -607,6 +609,36 @@ fn thread_rusage() -> libc::rusage {
 
 fn tv(t: libc::timeval) -> Duration {
     Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000)
+}
+
+/// Counts a failed IO under the job's `continue_on_error` and says whether the job goes on
+/// (the slot is already free for the next IO) or stops at it, as fio decides.
+fn goes_on(job: &JobSpec, count: &mut ErrorCount, dir: Direction, result: i64) -> bool {
+    let errno = (-result) as i32;
+    job.on_error
+        .on_error(count, ErrorKind::of(dir, errno), errno, 1)
+}
+
+/// Counts the blocks verification found bad as fio counts verify errors (EILSEQ each) and
+/// says whether they leave the job without an error (`continue_on_error=verify` or `all`).
+fn verify_goes_on(job: &JobSpec, count: &mut ErrorCount, bad: u64) -> bool {
+    job.on_error
+        .on_error(count, ErrorKind::Verify, errpolicy::EILSEQ, bad)
+}
+
+/// The job's error for a failed IO: what, where, and the OS's reason.
+fn io_failure(files: &[PlannedFile], slot: &Slot, result: i64) -> String {
+    let path = files
+        .get(slot.file as usize)
+        .map(|f| f.path.display().to_string())
+        .unwrap_or_default();
+    format!(
+        "{} of {} bytes at offset {} of {path} failed: {}",
+        slot.dir.name(),
+        slot.len,
+        slot.offset,
+        errno_text(result)
+    )
 }
 
 fn errno_text(result: i64) -> String {
@@ -1301,19 +1333,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             d.ios += 1;
             if c.result < 0 {
                 d.errors += 1;
-                if failure.is_none() {
-                    let path = ctx
-                        .files
-                        .get(slot.file as usize)
-                        .map(|f| f.path.display().to_string())
-                        .unwrap_or_default();
-                    failure = Some(format!(
-                        "{} of {} bytes at offset {} of {path} failed: {}",
-                        slot.dir.name(),
-                        slot.len,
-                        slot.offset,
-                        errno_text(c.result)
-                    ));
+                if !goes_on(job, &mut stats.errors, slot.dir, c.result) && failure.is_none() {
+                    failure = Some(io_failure(ctx.files, &slot, c.result));
                 }
                 continue;
             }
@@ -1411,7 +1432,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
                 Err(e) => r.errors.push(format!("saving the verify state: {e}")),
             }
         }
-        if r.bad() > 0 && failure.is_none() {
+        if r.bad() > 0 && failure.is_none() && !verify_goes_on(job, &mut stats.errors, r.bad()) {
             let first: Vec<String> = r
                 .findings
                 .iter()

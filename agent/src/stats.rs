@@ -186,6 +186,9 @@ pub struct JobStats {
     /// The first `STUCK_LIMIT` stuck IOs, and how many there were in all.
     pub stuck: Vec<StuckIo>,
     pub stuck_count: u64,
+    /// Errors counted under `continue_on_error` (fio's `total_err` and `first_error`); the
+    /// per-direction `errors` count every failed IO whatever the policy.
+    pub errors: crate::errpolicy::ErrorCount,
 }
 
 impl JobStats {
@@ -203,6 +206,7 @@ impl JobStats {
             intervals: Vec::new(),
             stuck: Vec::new(),
             stuck_count: 0,
+            errors: Default::default(),
         }
     }
 
@@ -226,6 +230,7 @@ impl JobStats {
         let room = STUCK_LIMIT.saturating_sub(self.stuck.len());
         self.stuck.extend(other.stuck.iter().take(room).cloned());
         self.stuck_count += other.stuck_count;
+        self.errors.merge(&other.errors);
         for (i, iv) in other.intervals.iter().enumerate() {
             if let Some(mine) = self.intervals.get_mut(i) {
                 for d in 0..2 {

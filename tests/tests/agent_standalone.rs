@@ -190,3 +190,90 @@ fn bad_input_is_refused_with_file_line_and_option_before_any_io() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--set bs=4q"));
 }
+
+/// Runs a 4 s buffered randwrite job with verify=crc32c and `extra_option`, and zeroes its
+/// file 1.5 s into the run from outside: the blocks written before that and not rewritten
+/// after are bad when the job verifies them at its end. Returns the run's output.
+fn verify_with_corruption(extra_option: &str) -> std::process::Output {
+    let dir = scratch();
+    let job = dir.path().join("v.fio");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(
+        &job,
+        format!(
+            "[v]\ndirectory={}\nrw=randwrite\nbs=4k\nsize=16m\nverify=crc32c\nioengine=psync\n\
+             rate_iops=400\ntime_based=1\nruntime=4\n{extra_option}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin("lockstep-agent"))
+        .arg("run")
+        .arg(&job)
+        .args(["--output-format", "json"])
+        .env("LOCKSTEP_DIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running lockstep-agent");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let file = loop {
+        let found = std::fs::read_dir(&data)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.metadata().is_ok_and(|m| m.len() == 16 << 20));
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never laid out its file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Overwrite in place (no truncation): the job's fd keeps writing into the same file.
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.write_all_at(&vec![0u8; 16 << 20], 0).unwrap();
+    drop(f);
+    child.wait_with_output().unwrap()
+}
+
+/// fio's continue_on_error=verify: verify mismatches are counted (total_err, first_error
+/// EILSEQ) and the job ends without an error; without it, the same mismatches fail the job.
+#[test]
+fn continue_on_error_verify_counts_mismatches_instead_of_failing() {
+    let o = verify_with_corruption("continue_on_error=verify");
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{stderr}");
+    let j = &json(&o)["jobs"][0];
+    println!(
+        "with continue_on_error=verify: total_err {} first_error {}",
+        j["total_err"], j["first_error"]
+    );
+    assert!(j["total_err"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["first_error"], 84, "EILSEQ, fio's verify error");
+    assert_eq!(j["error"], 84, "fio reports the first error as the job's");
+    assert!(j.get("error_message").is_none(), "{j}");
+    assert_eq!(j["job options"]["continue_on_error"], "verify");
+
+    // continue_on_error=io does not cover verify errors: the job fails, as without the option.
+    let o = verify_with_corruption("continue_on_error=io");
+    assert!(!o.status.success());
+    let j = &json(&o)["jobs"][0];
+    assert_eq!(j["error"], 84);
+    assert!(
+        j["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("verify (crc32c) failed"),
+        "{j}"
+    );
+    assert_eq!(
+        j["total_err"], 0,
+        "fio counts no error of a kind it does not go on for"
+    );
+}

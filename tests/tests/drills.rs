@@ -504,6 +504,151 @@ fraction = 0.05
     }
 }
 
+/// fio's `continue_on_error=all` keeps an EIO drill running: one volume of two fails 5% of its
+/// IOs with EIO for most of the run; its job counts the errors in every interval of the fault,
+/// keeps issuing IOs after the first one, and runs the whole duration with no agent error.
+#[test]
+fn continue_on_error_keeps_an_eio_drill_running_and_counts_every_error() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = r#"
+name = "coe"
+duration = "6s"
+[[role]]
+name = "db"
+rate_iops = 500
+[role.workload.fio]
+rw = "randread"
+bs = "4k"
+iodepth = 8
+size = "16m"
+ioengine = "io_uring"
+direct = 1
+continue_on_error = "all"
+[[fault]]
+at = "1s"
+duration = "4s"
+target = { agents = ["agent-2"] }
+kind = "eio"
+fraction = 0.05
+"#;
+    let (o, out) = run(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&out.join("results.json"));
+    assert_eq!(r["status"], "completed", "{}", r["status_reason"]);
+    for a in r["agents"].as_array().unwrap() {
+        assert_eq!(a["errors"], serde_json::json!([]), "{a}");
+    }
+    // Per interval, on the failing volume: errors in each second of the fault, IO in every
+    // interval until the end of the run (after the first error and after the fault).
+    let points = timeline_points(&out, "agent-2");
+    let series: Vec<(u64, u64, u64)> = points
+        .iter()
+        .map(|p| {
+            let n = |k: &str| p[k][0].as_u64().unwrap() + p[k][1].as_u64().unwrap();
+            (p["t_ms"].as_u64().unwrap(), n("ios"), n("errors"))
+        })
+        .collect();
+    println!("agent-2 (t_ms, ios, errors): {series:?}");
+    let first_error = series
+        .iter()
+        .position(|&(_, _, e)| e > 0)
+        .expect("the eio fault produced errors");
+    let erring = series.iter().filter(|&&(_, _, e)| e > 0).count();
+    assert!(erring >= 3, "errors in {erring} intervals: {series:?}");
+    assert!(series[first_error + 1..].len() >= 3, "{series:?}");
+    assert!(
+        series[first_error..].iter().all(|&(_, ios, _)| ios >= 300),
+        "IO must go on at the rate after the first error: {series:?}"
+    );
+    assert!(series.last().unwrap().0 >= 5500, "{series:?}");
+    // About 5% of the ~2,000 IOs of the fault's 4 s, in the totals as in the intervals.
+    let per_interval: u64 = series.iter().map(|&(_, _, e)| e).sum();
+    let total = volume(&r, "agent-2")["summary"]["total"]["errors"]
+        .as_u64()
+        .unwrap();
+    println!("agent-2: {total} errors in total, {per_interval} in the full intervals");
+    assert!((40..=200).contains(&total), "{total}");
+    assert!(per_interval <= total && per_interval + 30 >= total);
+    let cluster: u64 = r["cluster_timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["errors"].as_u64().unwrap())
+        .sum();
+    assert_eq!(cluster, total, "the cluster's intervals count every error");
+    assert_eq!(r["cluster"]["total"]["errors"], total);
+    assert_eq!(volume(&r, "agent-1")["summary"]["total"]["errors"], 0);
+    // fio.json: fio's total_err and first_error (EIO) on the failing volume's job; the job's
+    // error is the first error, as fio reports a job that went on after errors.
+    let fio = read_json(&out.join("fio.json"));
+    let job = |node: &str| {
+        fio["client_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["hostname"] == node)
+            .unwrap_or_else(|| panic!("no fio job of {node}"))
+            .clone()
+    };
+    let (j2, j1) = (job("agent-2"), job("agent-1"));
+    assert_eq!(j2["total_err"], total, "{j2}");
+    assert_eq!(j2["first_error"], 5);
+    assert_eq!(j2["error"], 5);
+    assert_eq!(
+        (j1["total_err"].clone(), j1["error"].clone()),
+        (0.into(), 0.into())
+    );
+}
+
+/// Writes that fail with EIO under `continue_on_error=write` are not acknowledged, so the job
+/// goes on and its verification at the end stays exact: the failed writes are counted as
+/// errors, and no block is reported lost, stale or corrupt for them.
+#[test]
+fn continue_on_error_on_failed_writes_keeps_verification_exact() {
+    let _g = serial();
+    let dir = scratch();
+    let plan = r#"
+name = "coe-verify"
+duration = "5s"
+[[role]]
+name = "db"
+rate_iops = 500
+[role.workload.fio]
+rw = "randwrite"
+bs = "4k"
+iodepth = 8
+size = "4m"
+ioengine = "io_uring"
+direct = 1
+verify = "crc32c"
+continue_on_error = "write"
+[[fault]]
+at = "1s"
+duration = "3s"
+target = { agents = ["agent-2"] }
+kind = "eio"
+fraction = 0.05
+"#;
+    let (o, out) = run(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&out.join("results.json"));
+    let errors = volume(&r, "agent-2")["summary"]["write"]["errors"]
+        .as_u64()
+        .unwrap();
+    let v = r["verify"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["node"] == "agent-2")
+        .expect("agent-2 verified")
+        .clone();
+    println!("agent-2: {errors} failed writes; verification {v}");
+    assert!(errors >= 20, "{errors}");
+    assert_eq!(v["good"], v["blocks"], "{v}");
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+}
+
 /// Unmounts and detaches the loop device when the test ends, pass or fail.
 struct LoopMount {
     dev: String,

@@ -122,6 +122,8 @@ fn job_obj(g: &JobGroup, runs: &[RunGroup], elapsed: Duration) -> Obj {
             o.int("error", error_code(msg) as u64);
             o.str("error_message", msg);
         }
+        // fio: a job that went on after errors reports the first as its error (and exits 0).
+        None if g.spec.on_error.is_set() => o.int("error", st.errors.first as u64),
         None => o.int("error", 0),
     }
     if st.stuck_count > 0 {
@@ -183,6 +185,11 @@ fn job_obj(g: &JobGroup, runs: &[RunGroup], elapsed: Duration) -> Obj {
             b.float(label, *pct);
         }
         o.obj(key, b);
+    }
+    // fio adds these only when continue_on_error (or ignore_error) is set.
+    if g.spec.on_error.is_set() {
+        o.int("total_err", st.errors.total);
+        o.int("first_error", st.errors.first as u64);
     }
     // fio's latency_target feature is not supported: its defaults, with the job's queue depth.
     o.int("latency_depth", g.spec.iodepth as u64);
@@ -369,6 +376,9 @@ fn job_options(s: &JobSpec) -> Obj {
         o.str("startdelay", &duration_str(s.startdelay));
     }
     let defaults = JobSpec::with_defaults("", Default::default());
+    if s.on_error.is_set() {
+        o.str("continue_on_error", s.on_error.continue_name());
+    }
     if s.randseed != defaults.randseed {
         o.str("randseed", &s.randseed.to_string());
     }
@@ -903,6 +913,32 @@ mod tests {
             "Input/output error (os error 5) reading /tmp/x"
         );
         assert_eq!(job["job options"]["rate_iops"], "1000,");
+    }
+
+    #[test]
+    fn continue_on_error_adds_fios_total_err_and_first_error() {
+        let plain = report(vec![read_job("plain", 0, false)]);
+        let plain = &job_values(&plain)[0];
+        assert!(
+            plain.get("total_err").is_none(),
+            "fio adds them only with the option"
+        );
+        let mut job = read_job("coe", 0, false);
+        job.spec.on_error.set_continue("all").unwrap();
+        job.stats.dirs[0].errors = 7;
+        job.stats.errors.add(5, 7);
+        let r = report(vec![job]);
+        let job = &job_values(&r)[0];
+        assert_eq!(job["total_err"], 7);
+        assert_eq!(job["first_error"], 5);
+        // As fio: the first error is the job's error, without a message (it did not stop).
+        assert_eq!(job["error"], 5);
+        assert!(job.get("error_message").is_none());
+        assert_eq!(job["job options"]["continue_on_error"], "all");
+        // In fio's order: after latency_ms, before latency_depth.
+        let text = to_string(&r);
+        let at = |k: &str| text.find(&format!("\"{k}\" :")).unwrap();
+        assert!(at("latency_ms") < at("total_err") && at("first_error") < at("latency_depth"));
     }
 
     #[test]

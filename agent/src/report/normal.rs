@@ -107,9 +107,18 @@ fn job_block(g: &JobGroup, run: Option<&RunGroup>, env: &Env, out: &mut String) 
     }
     let when = ctime(env.now, env.utc_offset);
     match &g.error {
+        // fio: a job that went on after errors shows the first as its err (as the JSON does).
         None => out.push_str(&format!(
             "{}: (groupid={}, jobs={}): err={:2}: pid={}: {when}\n",
-            g.name, g.groupid, g.members, 0, env.pid
+            g.name,
+            g.groupid,
+            g.members,
+            if g.spec.on_error.is_set() {
+                st.errors.first
+            } else {
+                0
+            },
+            env.pid
         )),
         Some(msg) => out.push_str(&format!(
             "{}: (groupid={}, jobs={}): err={:2} ({msg}): pid={}: {when}\n",
@@ -156,6 +165,9 @@ fn job_block(g: &JobGroup, run: Option<&RunGroup>, env: &Env, out: &mut String) 
         "     issued rwts: total={},{},0,{} short={},{},0,0 dropped=0,0,0,0\n",
         r.ios, w.ios, st.sync.ios, r.short_ios, w.short_ios
     ));
+    if g.spec.on_error.is_set() {
+        out.push_str(&error_count_line(&st.errors));
+    }
     // fio 3.x's line for its (unsupported here) latency_target feature, with its defaults.
     out.push_str(&format!(
         "     latency   : target=0, window=0, percentile=100.00%, depth={}\n",
@@ -163,6 +175,17 @@ fn job_block(g: &JobGroup, run: Option<&RunGroup>, env: &Env, out: &mut String) 
     ));
     queue_lines(g, out);
     stuck_lines(g, out);
+}
+
+/// fio's line for a job with `continue_on_error`: the errors it counted and the first one.
+fn error_count_line(c: &crate::errpolicy::ErrorCount) -> String {
+    let reason = std::io::Error::from_raw_os_error(c.first).to_string();
+    // Rust appends " (os error N)" to strerror's text; fio prints strerror alone.
+    let reason = reason.split(" (os error").next().unwrap_or_default();
+    format!(
+        "     errors    : total={}, first_error={}/<{reason}>\n",
+        c.total, c.first
+    )
 }
 
 /// fio's `show_ddir_status` for read or write.
@@ -819,6 +842,27 @@ mod tests {
         let text = render_with(&report(vec![job]), &env());
         assert!(!text.contains("queue"), "{text}");
         assert!(!text.contains("note"), "{text}");
+    }
+
+    #[test]
+    fn continue_on_error_shows_fios_errors_line() {
+        let plain = render_with(&report(vec![read_job("plain", 0)]), &env());
+        assert!(!plain.contains("errors    :"), "{plain}");
+        let mut job = read_job("coe", 0);
+        job.spec.on_error.set_continue("io").unwrap();
+        job.stats.errors.add(5, 12);
+        let text = render_with(&report(vec![job]), &env());
+        assert!(
+            text.contains("coe: (groupid=0, jobs=1): err= 5: pid=4242"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "     issued rwts: total=2000,0,0,0 short=0,0,0,0 dropped=0,0,0,0\n     \
+                 errors    : total=12, first_error=5/<Input/output error>\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
