@@ -154,43 +154,26 @@ pub struct VolumeRef {
 /// At most this many agents are listed in a message; a 1,000-agent list helps nobody.
 const LIST_LIMIT: usize = 8;
 
-/// Binds `plan` to the agents of a run. Errors name the plan line of the role or fault whose
-/// selection fails.
-pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanError> {
-    let error = |line: usize, field: &str, message: String| PlanError::Invalid {
+/// An error at a plan line (0: the plan as a whole).
+fn invalid(plan: &Plan, line: usize, field: &str, message: String) -> PlanError {
+    PlanError::Invalid {
         file: plan.origin.clone(),
         line,
         field: field.to_string(),
         message,
-    };
-    if agents.is_empty() {
-        return Err(error(
-            0,
-            "agent",
-            "the run has no agents: list them with [[agent]], or use --local N".to_string(),
-        ));
     }
-    for (i, a) in agents.iter().enumerate() {
-        if agents[..i].iter().any(|b| b.name == a.name) {
-            return Err(error(
-                0,
-                "agent",
-                format!(
-                    "two agents of the run are named '{}'; agent names must be unique",
-                    a.name
-                ),
-            ));
-        }
-        for (j, v) in a.volumes.iter().enumerate() {
-            if a.volumes[..j].iter().any(|w| w.name == v.name) {
-                return Err(error(
-                    0,
-                    "agent",
-                    format!("agent '{}' reports volume '{}' twice", a.name, v.name),
-                ));
-            }
-        }
-    }
+}
+
+/// (agent index, volume index) -> role index.
+type Owners = BTreeMap<(usize, usize), usize>;
+
+/// (agent index, volume index) -> the faults scheduled on that volume.
+type FaultsOf = BTreeMap<(usize, usize), Vec<FaultAssignment>>;
+
+/// Binds `plan` to the agents of a run. Errors name the plan line of the role or fault whose
+/// selection fails.
+pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanError> {
+    check_agents(plan, agents)?;
     let labels: Vec<BTreeMap<String, String>> = agents
         .iter()
         .map(|a| {
@@ -201,93 +184,8 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
             l
         })
         .collect();
-
-    // (agent index, volume index) -> role index.
-    let mut owner: BTreeMap<(usize, usize), usize> = BTreeMap::new();
-    for (ri, role) in plan.roles.iter().enumerate() {
-        let what = format!("role '{}'", role.name);
-        let selected = select(&role.select, agents, &labels)
-            .map_err(|m| error(role.select_line, &format!("{what}: select"), m))?;
-        let before = owner.len();
-        for ai in selected {
-            let agent = &agents[ai];
-            let vols: Vec<usize> = match &role.volumes {
-                None => (0..agent.volumes.len()).collect(),
-                Some(names) => names
-                    .iter()
-                    .map(|n| {
-                        agent
-                            .volumes
-                            .iter()
-                            .position(|v| &v.name == n)
-                            .ok_or_else(|| {
-                                error(
-                                    role.volumes_line,
-                                    &format!("{what}: volumes"),
-                                    format!(
-                                        "agent '{}' has no volume '{n}' (its volumes: {})",
-                                        agent.name,
-                                        volume_names(agent)
-                                    ),
-                                )
-                            })
-                    })
-                    .collect::<Result<_, _>>()?,
-            };
-            for vi in vols {
-                if let Some(&other) = owner.get(&(ai, vi)) {
-                    let prev = &plan.roles[other];
-                    return Err(error(
-                        role.line,
-                        &what,
-                        format!(
-                            "volume '{}' of agent '{}' is already selected by role '{}' (line \
-                             {}): a volume runs one role's workload; narrow select or volumes",
-                            agent.volumes[vi].name, agent.name, prev.name, prev.line
-                        ),
-                    ));
-                }
-                owner.insert((ai, vi), ri);
-            }
-        }
-        if owner.len() == before {
-            return Err(error(
-                role.line,
-                &what,
-                "selects no volume: the selected agents report none".to_string(),
-            ));
-        }
-    }
-
-    let mut faults_of: BTreeMap<(usize, usize), Vec<FaultAssignment>> = BTreeMap::new();
-    let mut schedule = Vec::with_capacity(plan.faults.len());
-    for (fi, fault) in plan.faults.iter().enumerate() {
-        let targets = fault_targets(plan, fault, agents, &labels, &owner)
-            .map_err(|m| error(fault.target_line, &format!("{}: target", fault.label), m))?;
-        let assignment = FaultAssignment {
-            index: fi,
-            label: fault.label.clone(),
-            kind: fault.kind.clone(),
-            at: fault.at,
-            duration: fault.duration,
-            spec: fault.spec.clone(),
-        };
-        for &t in &targets {
-            faults_of.entry(t).or_default().push(assignment.clone());
-        }
-        schedule.push(ScheduledFault {
-            fault: assignment,
-            line: fault.line,
-            targets: targets
-                .iter()
-                .map(|&(ai, vi)| VolumeRef {
-                    agent: agents[ai].name.clone(),
-                    volume: agents[ai].volumes[vi].name.clone(),
-                })
-                .collect(),
-        });
-    }
-
+    let owner = assign_roles(plan, agents, &labels)?;
+    let (mut faults_of, schedule) = assign_faults(plan, agents, &labels, &owner)?;
     let mut out_agents = Vec::new();
     for (ai, agent) in agents.iter().enumerate() {
         let volumes: Vec<VolumeAssignment> = agent
@@ -315,7 +213,6 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
             });
         }
     }
-
     Ok(Assignment {
         plan: plan.name.clone(),
         interval: plan.interval,
@@ -324,6 +221,161 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
         agents: out_agents,
         faults: schedule,
     })
+}
+
+/// A run needs agents, with unique names and unique volume names per agent.
+fn check_agents(plan: &Plan, agents: &[AgentInfo]) -> Result<(), PlanError> {
+    if agents.is_empty() {
+        return Err(invalid(
+            plan,
+            0,
+            "agent",
+            "the run has no agents: list them with [[agent]], or use --local N".to_string(),
+        ));
+    }
+    for (i, a) in agents.iter().enumerate() {
+        if agents[..i].iter().any(|b| b.name == a.name) {
+            return Err(invalid(
+                plan,
+                0,
+                "agent",
+                format!(
+                    "two agents of the run are named '{}'; agent names must be unique",
+                    a.name
+                ),
+            ));
+        }
+        for (j, v) in a.volumes.iter().enumerate() {
+            if a.volumes[..j].iter().any(|w| w.name == v.name) {
+                return Err(invalid(
+                    plan,
+                    0,
+                    "agent",
+                    format!("agent '{}' reports volume '{}' twice", a.name, v.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which role runs on each volume: every role selects at least one volume, and no volume is
+/// selected by two roles.
+fn assign_roles(
+    plan: &Plan,
+    agents: &[AgentInfo],
+    labels: &[BTreeMap<String, String>],
+) -> Result<Owners, PlanError> {
+    let mut owner = Owners::new();
+    for (ri, role) in plan.roles.iter().enumerate() {
+        let what = format!("role '{}'", role.name);
+        let selected = select(&role.select, agents, labels)
+            .map_err(|m| invalid(plan, role.select_line, &format!("{what}: select"), m))?;
+        let before = owner.len();
+        for ai in selected {
+            for vi in role_volumes(plan, role, &agents[ai])? {
+                if let Some(&other) = owner.get(&(ai, vi)) {
+                    let prev = &plan.roles[other];
+                    return Err(invalid(
+                        plan,
+                        role.line,
+                        &what,
+                        format!(
+                            "volume '{}' of agent '{}' is already selected by role '{}' (line \
+                             {}): a volume runs one role's workload; narrow select or volumes",
+                            agents[ai].volumes[vi].name, agents[ai].name, prev.name, prev.line
+                        ),
+                    ));
+                }
+                owner.insert((ai, vi), ri);
+            }
+        }
+        if owner.len() == before {
+            return Err(invalid(
+                plan,
+                role.line,
+                &what,
+                "selects no volume: the selected agents report none".to_string(),
+            ));
+        }
+    }
+    Ok(owner)
+}
+
+/// The indices of the volumes of `agent` a role runs on: all, or the ones it names.
+fn role_volumes(
+    plan: &Plan,
+    role: &super::Role,
+    agent: &AgentInfo,
+) -> Result<Vec<usize>, PlanError> {
+    let Some(names) = &role.volumes else {
+        return Ok((0..agent.volumes.len()).collect());
+    };
+    names
+        .iter()
+        .map(|n| {
+            agent
+                .volumes
+                .iter()
+                .position(|v| &v.name == n)
+                .ok_or_else(|| {
+                    invalid(
+                        plan,
+                        role.volumes_line,
+                        &format!("role '{}': volumes", role.name),
+                        format!(
+                            "agent '{}' has no volume '{n}' (its volumes: {})",
+                            agent.name,
+                            volume_names(agent)
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Each fault's targets: the faults per volume, and the schedule with every target named.
+fn assign_faults(
+    plan: &Plan,
+    agents: &[AgentInfo],
+    labels: &[BTreeMap<String, String>],
+    owner: &Owners,
+) -> Result<(FaultsOf, Vec<ScheduledFault>), PlanError> {
+    let mut faults_of = FaultsOf::new();
+    let mut schedule = Vec::with_capacity(plan.faults.len());
+    for (fi, fault) in plan.faults.iter().enumerate() {
+        let targets = fault_targets(plan, fault, agents, labels, owner).map_err(|m| {
+            invalid(
+                plan,
+                fault.target_line,
+                &format!("{}: target", fault.label),
+                m,
+            )
+        })?;
+        let assignment = FaultAssignment {
+            index: fi,
+            label: fault.label.clone(),
+            kind: fault.kind.clone(),
+            at: fault.at,
+            duration: fault.duration,
+            spec: fault.spec.clone(),
+        };
+        for &t in &targets {
+            faults_of.entry(t).or_default().push(assignment.clone());
+        }
+        schedule.push(ScheduledFault {
+            fault: assignment,
+            line: fault.line,
+            targets: targets
+                .iter()
+                .map(|&(ai, vi)| VolumeRef {
+                    agent: agents[ai].name.clone(),
+                    volume: agents[ai].volumes[vi].name.clone(),
+                })
+                .collect(),
+        });
+    }
+    Ok((faults_of, schedule))
 }
 
 /// Indices of the agents a selector picks; an error message when it picks a name that does

@@ -49,8 +49,35 @@ fn summary_line(s: &Summary) -> String {
 const HEAD: &str =
     "read IOPS write IOPS    MiB/s  mean ms   p50 ms   p99 ms p99.9 ms   max ms errors";
 
+/// The whole text report: one section after another, each from the results alone.
 pub fn render(r: &RunResults) -> String {
     let mut o = String::new();
+    header(&mut o, r);
+    agents(&mut o, r);
+    volumes_nodes_cluster(&mut o, r);
+    faults(&mut o, r);
+    if let Some(d) = r.drill.as_ref().filter(|d| !d.faults.is_empty()) {
+        let _ = write!(o, "\ndrill: {}", drill::render_text(d));
+    }
+    o.push_str(&drill::render_stuck_and_verify(r));
+    if let Some(c) = r.series.as_ref().and_then(|s| s.curve.as_ref()) {
+        o.push('\n');
+        o.push_str(&curve::render_text(c));
+    }
+    if let Some(sw) = r.series.as_ref().and_then(|s| s.sweep.as_ref()) {
+        o.push('\n');
+        o.push_str(&sweep::render_text(sw));
+    }
+    if let Some(c) = &r.chokepoint {
+        if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
+            let _ = writeln!(o, "\nchokepoint: {text}");
+        }
+    }
+    objectives_and_warnings(&mut o, r);
+    o
+}
+
+fn header(o: &mut String, r: &RunResults) {
     let status = match r.status {
         RunStatus::Completed => "completed".to_string(),
         RunStatus::Aborted => format!("ABORTED ({})", r.status_reason),
@@ -74,6 +101,9 @@ pub fn render(r: &RunResults) -> String {
             s as f64 / 1e6
         ))
     );
+}
+
+fn agents(o: &mut String, r: &RunResults) {
     let _ = writeln!(o, "\nagents:");
     for a in &r.agents {
         let state = match &a.state {
@@ -97,6 +127,9 @@ pub fn render(r: &RunResults) -> String {
             let _ = writeln!(o, "      {e}");
         }
     }
+}
+
+fn volumes_nodes_cluster(o: &mut String, r: &RunResults) {
     let open_loop = r
         .volumes
         .iter()
@@ -145,6 +178,9 @@ pub fn render(r: &RunResults) -> String {
             );
         }
     }
+}
+
+fn faults(o: &mut String, r: &RunResults) {
     if !r.faults.is_empty() {
         let _ = writeln!(o, "\nfaults injected:");
         for f in &r.faults {
@@ -162,23 +198,9 @@ pub fn render(r: &RunResults) -> String {
             );
         }
     }
-    if let Some(d) = r.drill.as_ref().filter(|d| !d.faults.is_empty()) {
-        let _ = write!(o, "\ndrill: {}", drill::render_text(d));
-    }
-    o.push_str(&drill::render_stuck_and_verify(r));
-    if let Some(c) = r.series.as_ref().and_then(|s| s.curve.as_ref()) {
-        o.push('\n');
-        o.push_str(&curve::render_text(c));
-    }
-    if let Some(sw) = r.series.as_ref().and_then(|s| s.sweep.as_ref()) {
-        o.push('\n');
-        o.push_str(&sweep::render_text(sw));
-    }
-    if let Some(c) = &r.chokepoint {
-        if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
-            let _ = writeln!(o, "\nchokepoint: {text}");
-        }
-    }
+}
+
+fn objectives_and_warnings(o: &mut String, r: &RunResults) {
     if !r.objectives.is_empty() {
         let _ = writeln!(o, "\nobjectives:");
         for ob in &r.objectives {
@@ -199,5 +221,4 @@ pub fn render(r: &RunResults) -> String {
             let _ = writeln!(o, "  - {w}");
         }
     }
-    o
 }
