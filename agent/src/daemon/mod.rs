@@ -368,6 +368,20 @@ impl AgentService {
     }
 }
 
+/// A run id as Status messages show it: quoted with control characters escaped, and cut to
+/// `SHOWN_ID_CHARS` characters. The id is the caller's; a message echoing a long one whole
+/// outgrows HTTP/2's header limit (gRPC sends the message as a header) and reaches the caller
+/// as a bare protocol error instead of the agent's answer.
+fn shown_id(id: &str) -> String {
+    const SHOWN_ID_CHARS: usize = 64;
+    let count = id.chars().count();
+    if count <= SHOWN_ID_CHARS {
+        return format!("{id:?}");
+    }
+    let head: String = id.chars().take(SHOWN_ID_CHARS).collect();
+    format!("{head:?}... ({count} characters)")
+}
+
 fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
     let Some(want) = token else { return Ok(req) };
     let got = req
@@ -443,8 +457,9 @@ impl Agent for AgentService {
                 }
                 Phase::Prepared { run_id, .. } | Phase::Running { run_id, .. } => {
                     return Err(Status::failed_precondition(format!(
-                        "agent '{}' is busy with run {run_id}",
-                        self.shared.cfg.name
+                        "agent '{}' is busy with run {}",
+                        self.shared.cfg.name,
+                        shown_id(run_id)
                     )));
                 }
             }
@@ -504,13 +519,17 @@ impl Agent for AgentService {
             other => {
                 let msg = match &other {
                     Phase::Idle => "nothing prepared".to_string(),
-                    Phase::Prepared { run_id, .. } => format!("prepared run is {run_id}"),
-                    Phase::Running { run_id, .. } => format!("already running {run_id}"),
+                    Phase::Prepared { run_id, .. } => {
+                        format!("prepared run is {}", shown_id(run_id))
+                    }
+                    Phase::Running { run_id, .. } => {
+                        format!("already running {}", shown_id(run_id))
+                    }
                 };
                 *phase = other;
                 return Err(Status::failed_precondition(format!(
                     "cannot start run {}: {msg}",
-                    req.run_id
+                    shown_id(&req.run_id)
                 )));
             }
         };
@@ -525,8 +544,15 @@ impl Agent for AgentService {
         let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
         tracing::debug!(run = %req.run_id, start_at_ns = req.start_at_agent_ns, now_ns = unix_ns(SystemTime::now()), "start requested");
         let shared = self.shared.clone();
-        std::thread::Builder::new()
-            .name(format!("run-{}", req.run_id))
+        // A thread name may not hold a NUL (spawning would panic) and Linux shows 15 bytes
+        // of it: the id's first printable characters are all it can say.
+        let thread_name: String = std::iter::once("run-")
+            .flat_map(str::chars)
+            .chain(req.run_id.chars().filter(|c| !c.is_control()))
+            .take(15)
+            .collect();
+        let spawned = std::thread::Builder::new()
+            .name(thread_name)
             .spawn(move || {
                 let run_opts = RunSetup {
                     run_id: req.run_id,
@@ -535,8 +561,15 @@ impl Agent for AgentService {
                     interval,
                 };
                 run(shared, run_opts, volumes, hub, stop)
-            })
-            .map_err(|e| Status::internal(format!("cannot start the run thread: {e}")))?;
+            });
+        if let Err(e) = spawned {
+            // Not running after all: an agent left `Running` with no run would stay busy.
+            *self.shared.phase.lock().unwrap() = Phase::Idle;
+            self.shared.metrics.set_state(0);
+            return Err(Status::internal(format!(
+                "cannot start the run thread: {e}"
+            )));
+        }
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -582,7 +615,7 @@ impl Agent for AgentService {
                 }
                 _ => Err(Status::not_found(format!(
                     "run {} is not running on this agent",
-                    req.run_id
+                    shown_id(&req.run_id)
                 ))),
             },
         }
@@ -1190,6 +1223,105 @@ mod tests {
         // After the end, a late re-attach still gets the rest and the stream closes.
         assert_eq!(drain(hub.attach(3)).await, vec![4]);
         assert_eq!(drain(hub.attach(0)).await, vec![1, 2, 3, 4]);
+    }
+
+    fn service(volume: &std::path::Path) -> AgentService {
+        AgentService::new(DaemonConfig {
+            name: "t".into(),
+            labels: BTreeMap::new(),
+            volumes: vec![VolumeConfig {
+                name: "data".into(),
+                path: volume.to_path_buf(),
+                size_bytes: 0,
+                kind: String::new(),
+                provisioned_iops: 0,
+                provisioned_mib_s: 0,
+            }],
+            token: None,
+            grace: Duration::from_secs(5),
+            allow_block_devices: false,
+            allow_exec: false,
+        })
+    }
+
+    /// Found by the gRPC fuzz test: a run id is the caller's, and echoing a long one whole in
+    /// a Status message broke HTTP/2's header limit (the caller got a protocol error).
+    #[test]
+    fn run_ids_in_messages_are_escaped_and_cut() {
+        assert_eq!(shown_id("r1"), "\"r1\"");
+        assert_eq!(shown_id("a\nb\0"), "\"a\\nb\\0\"");
+        let long = shown_id(&"é".repeat(100_000));
+        assert!(long.len() < 200, "{long}");
+        assert!(long.ends_with("... (100000 characters)"), "{long}");
+    }
+
+    #[tokio::test]
+    async fn unknown_long_run_ids_get_a_short_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let err = svc
+            .attach(Request::new(AttachRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: "r".repeat(50_000),
+                after_seq: 0,
+            }))
+            .await
+            .err()
+            .expect("no such run");
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(err.message().len() < 200, "{}", err.message());
+    }
+
+    /// Found while writing the gRPC fuzz test: a run id with a NUL made the run thread's name invalid and
+    /// `start` panicked after marking the agent busy, which then refused every run for good.
+    #[tokio::test]
+    async fn a_run_id_with_a_nul_starts_and_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let run_id = "r\0x".to_string();
+        let reply = svc
+            .prepare(Request::new(PrepareRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: run_id.clone(),
+                work: vec![lockstep_proto::v1::VolumeWork {
+                    volume: "data".into(),
+                    role: "r".into(),
+                    jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".into(),
+                    overrides: Default::default(),
+                    faults_json: Vec::new(),
+                }],
+                interval_ms: 100,
+                keep_files: false,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error, "");
+        let stream = svc
+            .start(Request::new(StartRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id,
+                start_at_agent_ns: unix_ns(SystemTime::now()),
+            }))
+            .await
+            .map_err(|s| s.to_string())
+            .expect("started");
+        let events: Vec<_> = stream.into_inner().collect().await;
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Ok(RunEvent {
+                    event: Some(run_event::Event::Final(_)),
+                    ..
+                })
+            )),
+            "no final result"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !svc.busy_with().is_empty() {
+            assert!(Instant::now() < deadline, "still busy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]
