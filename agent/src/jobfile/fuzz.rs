@@ -66,6 +66,62 @@ fn implemented_names() -> Vec<&'static str> {
         .collect()
 }
 
+/// Values at the edges of what the numeric options hold: around 2^32, 2^63 and 2^64, with and
+/// without unit suffixes, as sizes, counts, percentages and times.
+fn extreme_value() -> impl Strategy<Value = String> {
+    let edges = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(511),
+        Just(512),
+        Just(4095),
+        Just(4096),
+        Just(u64::from(u32::MAX)),
+        Just(u64::from(u32::MAX) + 1),
+        Just(1 << 53),
+        Just(i64::MAX as u64),
+        Just(u64::MAX / 2 + 1),
+        Just(u64::MAX - 4095),
+        Just(u64::MAX - 1),
+        Just(u64::MAX),
+        any::<u64>(),
+    ];
+    prop_oneof![
+        6 => (edges, prop::sample::select(vec!["", "", "", "k", "m", "g", "t", "p", "%", "s", "ms", "us", "h", "d"]))
+            .prop_map(|(n, s)| format!("{n}{s}")),
+        1 => any::<u64>().prop_map(|n| format!("0x{n:x}")),
+        1 => (1u64..=16).prop_map(|n| format!("{n}p")),
+        1 => (1u64..=100).prop_map(|n| format!("{n}%")),
+    ]
+}
+
+/// The options whose values are numbers (sizes, counts, times, rates).
+const NUMERIC_OPTIONS: &[&str] = &[
+    "size",
+    "filesize",
+    "io_size",
+    "offset",
+    "bs",
+    "bssplit",
+    "nrfiles",
+    "numjobs",
+    "iodepth",
+    "rate",
+    "rate_iops",
+    "runtime",
+    "ramp_time",
+    "startdelay",
+    "thinktime",
+    "thinktime_blocks",
+    "fsync",
+    "fdatasync",
+    "randseed",
+    "rwmixread",
+    "rwmixwrite",
+    "iodepth_batch_complete_max",
+    "stuck_timeout",
+];
+
 /// The environment the fuzzed parses see (the process environment is not touched).
 fn fuzz_env(name: &str) -> Option<String> {
     Some(
@@ -429,6 +485,25 @@ proptest! {
             format!("[j]\n{name}={v}\n")
         };
         let origin = Path::new("one.fio");
+        let result = timed("parse", || parse_with_env(&text, origin, None, &[], &fuzz_env));
+        check(&text, origin, result);
+    }
+
+    /// Numeric options together with values at the edges of 32 and 64 bits: the arithmetic
+    /// on them (offset + size, size / nrfiles, bs against size) happens when jobs are planned.
+    #[test]
+    fn numeric_options_at_their_edges(
+        options in prop::collection::vec(
+            (prop::sample::select(NUMERIC_OPTIONS), extreme_value()),
+            1..6,
+        ),
+        rw in prop::sample::select(vec!["read", "write", "randrw", "rw"]),
+    ) {
+        let mut text = format!("[j]\nrw={rw}\n");
+        for (name, v) in &options {
+            text.push_str(&format!("{name}={v}\n"));
+        }
+        let origin = Path::new("edges.fio");
         let result = timed("parse", || parse_with_env(&text, origin, None, &[], &fuzz_env));
         check(&text, origin, result);
     }
