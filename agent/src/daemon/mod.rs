@@ -350,10 +350,14 @@ impl AgentService {
             let run = runner::prepare(&jobs, &opts)
                 .map_err(|e| format!("volume '{}': {e}", work.volume))?;
             let open_loop = jobs.iter().any(|j| j.rate.is_limited());
+            // Saturating: iodepth and numjobs are each up to u32::MAX (their bounds are the job
+            // file's business), and an overflow here panicked the whole Prepare.
             let configured_depth = if open_loop {
                 0
             } else {
-                jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
+                jobs.iter()
+                    .map(|j| j.iodepth.saturating_mul(j.numjobs))
+                    .fold(0u32, u32::saturating_add)
             };
             out.push(PreparedVolume {
                 name: work.volume.clone(),
@@ -1270,6 +1274,37 @@ mod tests {
             .expect("no such run");
         assert_eq!(err.code(), tonic::Code::NotFound);
         assert!(err.message().len() < 200, "{}", err.message());
+    }
+
+    /// Found reading the handlers for the gRPC fuzz test: the configured depth (iodepth x
+    /// numjobs, summed) overflowed u32 and the Prepare panicked ("prepare panicked").
+    #[tokio::test]
+    async fn a_huge_configured_depth_saturates() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let reply = svc
+            .prepare(Request::new(PrepareRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: "r".into(),
+                work: vec![lockstep_proto::v1::VolumeWork {
+                    volume: "data".into(),
+                    role: "r".into(),
+                    jobfile: "[j]\nioengine=null\nsize=1m\niodepth=4294967295\nnumjobs=2\n".into(),
+                    overrides: Default::default(),
+                    faults_json: Vec::new(),
+                }],
+                interval_ms: 100,
+                keep_files: false,
+            }))
+            .await
+            .map_err(|s| s.to_string())
+            .expect("prepared, not panicked")
+            .into_inner();
+        assert_eq!(reply.error, "");
+        match &*svc.shared.phase.lock().unwrap() {
+            Phase::Prepared { volumes, .. } => assert_eq!(volumes[0].configured_depth, u32::MAX),
+            _ => panic!("not prepared"),
+        }
     }
 
     /// Found while writing the gRPC fuzz test: a run id with a NUL made the run thread's name invalid and
