@@ -411,21 +411,32 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(slots: usize, slot_len: usize, seed: u64) -> Self {
-        let slot_len = slot_len.next_multiple_of(4096);
-        let layout =
-            std::alloc::Layout::from_size_align(slots * slot_len, 4096).expect("buffer layout");
+    /// Fails (rather than panicking the clone, and with it the whole run) when `slots` x
+    /// `slot_len` does not fit the address space or the allocator refuses it: both come from
+    /// the job (iodepth x bs).
+    fn new(slots: usize, slot_len: usize, seed: u64) -> Result<Self, String> {
+        let cannot = || {
+            format!(
+                "cannot allocate IO buffers of {slots} x {slot_len} bytes (iodepth x the largest \
+                 block size): lower iodepth= or bs="
+            )
+        };
+        let slot_len = slot_len.max(1).next_multiple_of(4096);
+        let size = slots.max(1).checked_mul(slot_len).ok_or_else(cannot)?;
+        let layout = std::alloc::Layout::from_size_align(size, 4096).map_err(|_| cannot())?;
         // SAFETY: non-zero size (slots >= 1, slot_len >= 4096).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory allocating IO buffers");
+        if ptr.is_null() {
+            return Err(cannot());
+        }
         // SAFETY: ptr is valid for layout.size() bytes, owned by us.
         let all = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
         layout::fill_pseudo_random(all, seed);
-        Buffers {
+        Ok(Buffers {
             ptr,
             layout,
             slot_len,
-        }
+        })
     }
     fn slot(&self, i: usize) -> *mut u8 {
         // SAFETY: i < slots, so the offset stays inside the allocation.
@@ -540,7 +551,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         } else {
             ctx.files.iter().map(|f| f.region).collect()
         };
-        let total: u64 = regions.iter().map(|r| r.len).sum();
+        // Saturating: each region ends before 2^63, but several can add up past 2^64.
+        let total: u64 = regions.iter().map(|r| r.len).fold(0, u64::saturating_add);
         let params = WorkloadParams {
             pattern: job.pattern,
             rwmixread: job.rwmixread,
@@ -563,7 +575,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             .map_err(|e| e.to_string())?;
         // Buffers are allocated and filled before the barrier so that a synchronized start
         // is not delayed by touching (possibly hundreds of MiB of) memory.
-        let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed);
+        let buffers = Buffers::new(depth, job.max_bs() as usize, ctx.seed)?;
         // The engine is built last, with the files and buffers it may register; both outlive
         // it (the engine is dropped, or forgotten with them, at the end of the clone).
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
@@ -1671,6 +1683,22 @@ mod tests {
     /// at once: with one taken per pass most of the depth waits, finished, and is counted as
     /// waiting (and in flight, as fio counts it); taking all at once leaves none waiting. The
     /// null engine takes all at once whatever the option says, as fio's does.
+    /// The gRPC fuzz test drove a run into iodepth x bs buffers of many GiB (bs=1g); under a
+    /// memory limit such an allocation fails, and that failure (or an overflow of the size)
+    /// panicked the clone, which took the agent's whole run down with it. Now the clone fails
+    /// with a message.
+    #[test]
+    fn impossible_io_buffers_are_an_error_not_a_panic() {
+        for (slots, slot_len) in [(usize::MAX / 4096 + 1, 4096), (1 << 20, 1 << 30)] {
+            let err = Buffers::new(slots, slot_len, 1)
+                .err()
+                .expect("no such allocation");
+            assert!(err.contains("cannot allocate IO buffers"), "{err}");
+        }
+        let b = Buffers::new(2, 1, 1).expect("two 4 KiB slots");
+        assert_eq!(b.slot_len, 4096);
+    }
+
     #[test]
     fn with_fio_reaping_finished_ios_wait_and_are_counted_as_waiting() {
         let dir = tempfile::tempdir().unwrap();
