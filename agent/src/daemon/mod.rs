@@ -564,7 +564,14 @@ impl Agent for AgentService {
                     keep_files,
                     interval,
                 };
-                run(shared, run_opts, volumes, hub, stop)
+                let (shared2, hub2, run_id) =
+                    (shared.clone(), hub.clone(), run_opts.run_id.clone());
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(shared, run_opts, volumes, hub, stop)
+                }));
+                if let Err(panic) = ran {
+                    run_panicked(&shared2, &hub2, run_id, panic_message(&*panic));
+                }
             });
         if let Err(e) = spawned {
             // Not running after all: an agent left `Running` with no run would stay busy.
@@ -734,7 +741,8 @@ fn run(
             .into_iter()
             .map(|v| {
                 let (hub, stop) = (hub.clone(), stop.clone());
-                scope.spawn(move || {
+                let name = v.name.clone();
+                let handle = scope.spawn(move || {
                     let faults = Arc::new(v.faults);
                     let names = faults.clone();
                     let aggregator = VolumeAggregator::new(
@@ -819,16 +827,33 @@ fn run(
                         stuck: stuck_ios(&report),
                         stuck_count: report.jobs.iter().map(|j| j.stats.stuck_count).sum(),
                     }
+                });
+                (name, handle)
+            })
+            .collect();
+        // A panicking volume thread is that volume's error, not the run's end: panicking here
+        // would leave the watchdog waiting for `done` and the scope (and the agent, busy with
+        // this run) waiting for the watchdog, for ever.
+        let results = handles
+            .into_iter()
+            .map(|(volume, h)| {
+                h.join().unwrap_or_else(|panic| {
+                    let error = format!("the volume's run failed: {}", panic_message(&*panic));
+                    tracing::error!("volume {volume}: {error}");
+                    VolumeResult {
+                        volume,
+                        error,
+                        ..VolumeResult::default()
+                    }
                 })
             })
             .collect();
-        let results = handles
-            .into_iter()
-            .map(|h| h.join().expect("volume thread panicked"))
-            .collect();
         done.store(true, Ordering::Relaxed);
         for t in agent_fault_threads {
-            fault_events.extend(t.join().expect("fault thread panicked"));
+            match t.join() {
+                Ok(events) => fault_events.extend(events),
+                Err(panic) => tracing::error!("a fault thread failed: {}", panic_message(&*panic)),
+            }
         }
         results
     });
@@ -853,6 +878,34 @@ fn run(
     hub.finish();
     *shared.last_run.lock().unwrap() = Some((run_id, hub.clone()));
     *shared.phase.lock().unwrap() = Phase::Idle;
+    shared.metrics.set_state(0);
+}
+
+/// What a panic said, for the run's error.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
+/// The run thread itself panicked (outside the volumes' threads): the coordinator still gets
+/// a final result saying so, and the agent is idle again, not busy for ever with a run that
+/// no longer exists.
+fn run_panicked(shared: &Shared, hub: &Arc<EventHub>, run_id: String, message: String) {
+    tracing::error!("run {run_id} failed: {message}");
+    hub.publish(RunEvent {
+        seq: 0,
+        event: Some(run_event::Event::Final(FinalResult {
+            volumes: Vec::new(),
+            error: format!("the agent's run failed: {message}"),
+            faults: Vec::new(),
+        })),
+    });
+    hub.finish();
+    *shared.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some((run_id, hub.clone()));
+    *shared.phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Idle;
     shared.metrics.set_state(0);
 }
 
@@ -1305,6 +1358,36 @@ mod tests {
             Phase::Prepared { volumes, .. } => assert_eq!(volumes[0].configured_depth, u32::MAX),
             _ => panic!("not prepared"),
         }
+    }
+
+    /// A run that panics (the gRPC fuzz test drove a clone into an allocation failure, which
+    /// panicked it) must end with a final result that says so and leave the agent idle; it
+    /// used to leave the agent busy with the dead run for good.
+    #[tokio::test]
+    async fn a_run_that_panics_ends_with_a_final_result_and_an_idle_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let hub = EventHub::new(svc.shared.metrics.clone());
+        *svc.shared.phase.lock().unwrap() = Phase::Running {
+            run_id: "r".into(),
+            stop: Arc::new(AtomicBool::new(false)),
+            hub: hub.clone(),
+        };
+        let stream = hub.attach(0);
+        let payload = std::panic::catch_unwind(|| panic!("boom {}", 42)).unwrap_err();
+        run_panicked(&svc.shared, &hub, "r".into(), panic_message(&*payload));
+        assert_eq!(svc.busy_with(), "");
+        let events: Vec<_> = stream.collect().await;
+        let Some(Ok(RunEvent {
+            event: Some(run_event::Event::Final(f)),
+            ..
+        })) = events.last()
+        else {
+            panic!("no final result: {events:?}");
+        };
+        assert_eq!(f.error, "the agent's run failed: boom 42");
+        let payload = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_message(&*payload), "plain");
     }
 
     /// Found while writing the gRPC fuzz test: a run id with a NUL made the run thread's name invalid and
