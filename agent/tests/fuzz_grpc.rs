@@ -15,7 +15,8 @@
 //!
 //! Safety of the harness itself: volumes are temp dirs; the process's file-size limit is
 //! lowered (RLIMIT_FSIZE, with SIGXFSZ ignored) so a hostile size= fails with EFBIG instead of
-//! filling the disk; faults that would act on the whole process (kill, pause) or on the host's
+//! filling the disk, and its address space (RLIMIT_AS, 4 GiB) so hostile buffers fail to
+//! allocate instead of waking the OOM killer; faults that would act on the whole process (kill, pause) or on the host's
 //! block devices (kernel_throttle) are never sent, and exec is refused by the agent's config.
 //! Counts are kept to what one test machine can run (numjobs, nrfiles, iodepth are bounded):
 //! their limits are a separate change.
@@ -52,6 +53,11 @@ const IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// Largest file this test process may write.
 const FILE_SIZE_LIMIT: u64 = 32 << 20;
 
+/// Most address space this test process may have: an agent asked for iodepth x bs buffers of
+/// many GiB (bs=1g) got them and the kernel's OOM killer ended the process (and could have
+/// picked anyone's); under this limit the allocation fails instead, which the agent reports.
+const ADDRESS_SPACE_LIMIT: u64 = 4 << 30;
+
 fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
@@ -59,7 +65,8 @@ fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// Lowers the file-size limit of this test process (once): writes beyond it fail with EFBIG.
+/// Lowers the file-size and address-space limits of this test process (once): writes beyond
+/// the one fail with EFBIG, allocations beyond the other fail.
 fn limit_file_size() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -71,6 +78,11 @@ fn limit_file_size() {
                 rlim_max: FILE_SIZE_LIMIT,
             };
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0, "setrlimit");
+            let lim = libc::rlimit {
+                rlim_cur: ADDRESS_SPACE_LIMIT,
+                rlim_max: ADDRESS_SPACE_LIMIT,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &lim), 0, "setrlimit");
         }
     });
 }
