@@ -135,6 +135,7 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
     for job in jobs {
         validate(job)?;
     }
+    check_buffer_memory(jobs, physical_memory())?;
     let mut plans: Vec<Vec<Vec<PlannedFile>>> = Vec::new();
     for job in jobs {
         let mut per_clone = Vec::new();
@@ -317,6 +318,52 @@ fn validate(job: &JobSpec) -> Result<(), RunError> {
     }
     if job.verify.is_some() && job.pattern.writes() {
         verify::check_job(job).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The host's memory in bytes (`u64::MAX` when unknown, which turns the check off).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (u64::try_from(pages), u64::try_from(page)) {
+        (Ok(n), Ok(p)) if n > 0 && p > 0 => n.saturating_mul(p),
+        _ => u64::MAX,
+    }
+}
+
+/// The IO buffers of a group's clones (numjobs x iodepth x the largest block size, in whole
+/// pages; groups run one after another, split at `stonewall`) may take at most half of the
+/// host's memory. Each clone allocates and fills its buffers before the start, so more is
+/// not a benchmark but a job for the OOM killer, which may pick any process of the host.
+fn check_buffer_memory(jobs: &[JobSpec], memory: u64) -> Result<(), RunError> {
+    let budget = memory / 2;
+    let mut group = 0u64;
+    for (i, job) in jobs.iter().enumerate() {
+        if i > 0 && job.stonewall {
+            group = 0;
+        }
+        let slot = job.max_bs().max(1).next_multiple_of(4096);
+        group = group.saturating_add(
+            slot.saturating_mul(u64::from(job.iodepth.max(1)))
+                .saturating_mul(u64::from(job.numjobs.max(1))),
+        );
+        if group > budget {
+            return Err(RunError::Setup {
+                job: job.name.clone(),
+                message: format!(
+                    "its IO buffers (numjobs x iodepth x bs, with the jobs running beside it: \
+                     {} bytes) exceed half of this host's memory ({} bytes); lower iodepth=, \
+                     numjobs= or bs=",
+                    group, budget
+                ),
+            });
+        }
     }
     Ok(())
 }
@@ -1687,6 +1734,41 @@ mod tests {
     /// memory limit such an allocation fails, and that failure (or an overflow of the size)
     /// panicked the clone, which took the agent's whole run down with it. Now the clone fails
     /// with a message.
+    /// Seen in the gRPC fuzz run: bs=1g with a deep queue made the agent allocate and fill
+    /// tens of GiB, and the kernel's OOM killer ended it.
+    #[test]
+    fn io_buffers_beyond_half_the_memory_are_refused() {
+        let job = |name: &str, bs: u64, iodepth: u32, numjobs: u32, stonewall: bool| {
+            let mut j = JobSpec::with_defaults(name, crate::job::Origin::default());
+            j.bs = [vec![(bs, 100)], vec![(bs, 100)]];
+            j.iodepth = iodepth;
+            j.numjobs = numjobs;
+            j.stonewall = stonewall;
+            j
+        };
+        let gib = 1u64 << 30;
+        // 16 GiB of memory: 8 GiB of buffers fit, one byte more does not.
+        check_buffer_memory(&[job("a", 1 << 20, 1024, 8, false)], 16 * gib).unwrap();
+        let e = check_buffer_memory(
+            &[job("a", gib, 4, 2, false), job("b", 4096, 1, 1, false)],
+            16 * gib,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("job 'b': its IO buffers"), "{e}");
+        assert!(e.contains("half of this host's memory"), "{e}");
+        // A stonewall starts a group: the groups run one after another.
+        check_buffer_memory(
+            &[job("a", gib, 8, 1, false), job("b", gib, 8, 1, true)],
+            16 * gib,
+        )
+        .unwrap();
+        // Extremes saturate rather than overflow.
+        assert!(
+            check_buffer_memory(&[job("a", gib, u32::MAX, u32::MAX, false)], u64::MAX).is_err()
+        );
+    }
+
     #[test]
     fn impossible_io_buffers_are_an_error_not_a_panic() {
         for (slots, slot_len) in [(usize::MAX / 4096 + 1, 4096), (1 << 20, 1 << 30)] {
