@@ -350,14 +350,10 @@ impl AgentService {
             let run = runner::prepare(&jobs, &opts)
                 .map_err(|e| format!("volume '{}': {e}", work.volume))?;
             let open_loop = jobs.iter().any(|j| j.rate.is_limited());
-            // Saturating: iodepth and numjobs are each up to u32::MAX (their bounds are the job
-            // file's business), and an overflow here panicked the whole Prepare.
             let configured_depth = if open_loop {
                 0
             } else {
-                jobs.iter()
-                    .map(|j| j.iodepth.saturating_mul(j.numjobs))
-                    .fold(0u32, u32::saturating_add)
+                configured_depth(&jobs)
             };
             out.push(PreparedVolume {
                 name: work.volume.clone(),
@@ -384,6 +380,14 @@ fn shown_id(id: &str) -> String {
     }
     let head: String = id.chars().take(SHOWN_ID_CHARS).collect();
     format!("{head:?}... ({count} characters)")
+}
+
+/// iodepth x numjobs summed over a volume's jobs, saturating: each is up to u32::MAX (their
+/// bounds are the job file's business), and an overflow here panicked the whole Prepare.
+fn configured_depth(jobs: &[JobSpec]) -> u32 {
+    jobs.iter()
+        .map(|j| j.iodepth.saturating_mul(j.numjobs))
+        .fold(0u32, u32::saturating_add)
 }
 
 fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
@@ -1330,34 +1334,22 @@ mod tests {
     }
 
     /// Found reading the handlers for the gRPC fuzz test: the configured depth (iodepth x
-    /// numjobs, summed) overflowed u32 and the Prepare panicked ("prepare panicked").
-    #[tokio::test]
-    async fn a_huge_configured_depth_saturates() {
-        let dir = tempfile::tempdir().unwrap();
-        let svc = service(dir.path());
-        let reply = svc
-            .prepare(Request::new(PrepareRequest {
-                protocol_version: PROTOCOL_VERSION,
-                run_id: "r".into(),
-                work: vec![lockstep_proto::v1::VolumeWork {
-                    volume: "data".into(),
-                    role: "r".into(),
-                    jobfile: "[j]\nioengine=null\nsize=1m\niodepth=4294967295\nnumjobs=2\n".into(),
-                    overrides: Default::default(),
-                    faults_json: Vec::new(),
-                }],
-                interval_ms: 100,
-                keep_files: false,
-            }))
-            .await
-            .map_err(|s| s.to_string())
-            .expect("prepared, not panicked")
-            .into_inner();
-        assert_eq!(reply.error, "");
-        match &*svc.shared.phase.lock().unwrap() {
-            Phase::Prepared { volumes, .. } => assert_eq!(volumes[0].configured_depth, u32::MAX),
-            _ => panic!("not prepared"),
-        }
+    /// numjobs, summed) overflowed u32 and the Prepare panicked ("prepare panicked"). The
+    /// runner's buffer-memory check now refuses such jobs first; the sum saturates anyway.
+    #[test]
+    fn a_huge_configured_depth_saturates() {
+        let job = |iodepth: u32, numjobs: u32| {
+            let mut j = JobSpec::with_defaults("j", crate::job::Origin::default());
+            j.iodepth = iodepth;
+            j.numjobs = numjobs;
+            j
+        };
+        assert_eq!(configured_depth(&[job(4, 2), job(8, 1)]), 16);
+        assert_eq!(configured_depth(&[job(u32::MAX, 2)]), u32::MAX);
+        assert_eq!(
+            configured_depth(&[job(1 << 31, 1), job(1 << 31, 1)]),
+            u32::MAX
+        );
     }
 
     /// A run that panics (the gRPC fuzz test drove a clone into an allocation failure, which
