@@ -410,12 +410,11 @@ fn apply(doc: &mut Value, m: &Mutation) {
         }
         Mutation::DuplicateItem(i) => {
             let path = pick(i);
-            if let (Some(Step::Item(n)), parent) = (path.last(), &path[..path.len() - 1]) {
-                if let Some(Value::Array(a)) = get_mut(doc, parent) {
-                    if let Some(item) = a.get(*n).cloned() {
-                        a.insert(*n, item);
-                    }
-                }
+            if let (Some(Step::Item(n)), parent) = (path.last(), &path[..path.len() - 1])
+                && let Some(Value::Array(a)) = get_mut(doc, parent)
+                && let Some(item) = a.get(*n).cloned()
+            {
+                a.insert(*n, item);
             }
         }
         Mutation::Nest(i, depth, tables) => {
