@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::engine::{self, Completion, IoOp};
@@ -376,7 +376,7 @@ fn run_group(
     opts: &RunOptions,
 ) -> Vec<JobReport> {
     let clones: usize = jobs[range.clone()].iter().map(|j| j.numjobs as usize).sum();
-    let barrier = Arc::new(Barrier::new(clones));
+    let barrier = Arc::new(StartGate::new(clones));
     let run_seed = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -388,7 +388,7 @@ fn run_group(
     let (tx, rx) = std::sync::mpsc::channel::<(usize, JobReport)>();
     let mut count = 0usize;
     std::thread::scope(|scope| {
-        for idx in range.clone() {
+        'spawn: for idx in range.clone() {
             let job = &jobs[idx];
             for clone in 0..job.numjobs {
                 let base = if job.randrepeat {
@@ -415,12 +415,21 @@ fn run_group(
                 };
                 let (tx, n) = (tx.clone(), count);
                 count += 1;
-                std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name(format!("{}.{}", job.name, clone))
                     .spawn_scoped(scope, move || {
                         let _ = tx.send((n, run_clone(ctx)));
-                    })
-                    .expect("spawning a job thread");
+                    });
+                if let Err(e) = spawned {
+                    // The clones already started wait for this one at the start: call the
+                    // group off (each of them reports why) rather than leave them waiting.
+                    barrier.call_off(format!(
+                        "cannot start the thread of job '{}' clone {clone}: {e} (too many \
+                         threads for this host or service: lower numjobs=)",
+                        job.name
+                    ));
+                    break 'spawn;
+                }
             }
         }
     });
@@ -428,6 +437,68 @@ fn run_group(
     let mut reports: Vec<(usize, JobReport)> = rx.into_iter().collect();
     reports.sort_by_key(|(n, _)| *n);
     reports.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The start line of a group's clones: a barrier that can be called off. Every clone waits
+/// here after its set-up so that they start together; when a clone's thread cannot even be
+/// started, the others would wait for it for ever (and the agent with them), so the group is
+/// called off and each waiting clone is released with the reason.
+struct StartGate {
+    state: Mutex<GateState>,
+    all_here: Condvar,
+}
+
+struct GateState {
+    parties: usize,
+    arrived: usize,
+    open: bool,
+    called_off: Option<String>,
+}
+
+impl StartGate {
+    fn new(parties: usize) -> Self {
+        StartGate {
+            state: Mutex::new(GateState {
+                parties,
+                arrived: 0,
+                open: false,
+                called_off: None,
+            }),
+            all_here: Condvar::new(),
+        }
+    }
+
+    /// Waits for every party. `Ok(true)` for the last to arrive (the leader, as with
+    /// `Barrier`), `Ok(false)` for the others, `Err(why)` when the group was called off.
+    fn wait(&self) -> Result<bool, String> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &s.called_off {
+            return Err(why.clone());
+        }
+        s.arrived += 1;
+        if s.arrived >= s.parties {
+            s.open = true;
+            self.all_here.notify_all();
+            return Ok(true);
+        }
+        while !s.open && s.called_off.is_none() {
+            s = self.all_here.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        match &s.called_off {
+            Some(why) if !s.open => Err(why.clone()),
+            _ => Ok(false),
+        }
+    }
+
+    /// Releases everyone waiting (and anyone who comes later) with `why`, unless the gate
+    /// has already opened.
+    fn call_off(&self, why: String) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.open {
+            s.called_off = Some(why);
+            self.all_here.notify_all();
+        }
+    }
 }
 
 /// SplitMix-style mixing so clones and jobs get independent streams from one seed.
@@ -445,7 +516,7 @@ struct CloneCtx<'a> {
     groupid: u32,
     files: &'a [PlannedFile],
     seed: u64,
-    barrier: Arc<Barrier>,
+    barrier: Arc<StartGate>,
     opts: &'a RunOptions,
     faults: CloneFaults,
 }
@@ -638,7 +709,7 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
             engine::build(job.engine, depth as u32, &resources).map_err(|e| e.to_string())?;
         Ok((files, fds, generator, engine, rate, buffers))
     })();
-    let leader = ctx.barrier.wait().is_leader();
+    let leader = ctx.barrier.wait()?;
     // Real-time priority (where permitted) only for the wake-up itself: the start instant is
     // read while still holding it, then the thread is an ordinary one again. (Holding it to
     // the first submit made eight clones on two cores queue behind each other for ~5 ms.)
@@ -1767,6 +1838,40 @@ mod tests {
         assert!(
             check_buffer_memory(&[job("a", gib, u32::MAX, u32::MAX, false)], u64::MAX).is_err()
         );
+    }
+
+    /// Seen in the gRPC fuzz run: with numjobs=65536 the host refused threads (EAGAIN), the
+    /// runner's `expect` panicked, and the clones already started waited at the start barrier
+    /// for ever. The gate opens with one leader when all arrive, and releases the waiting
+    /// with the reason when called off.
+    #[test]
+    fn the_start_gate_opens_for_all_or_is_called_off() {
+        let gate = Arc::new(StartGate::new(3));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let g = gate.clone();
+                std::thread::spawn(move || g.wait())
+            })
+            .collect();
+        let results: Vec<_> = waiters.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|r| **r == Ok(true)).count(), 1);
+        assert_eq!(results.iter().filter(|r| **r == Ok(false)).count(), 2);
+
+        let gate = Arc::new(StartGate::new(3));
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let g = gate.clone();
+                std::thread::spawn(move || g.wait())
+            })
+            .collect();
+        while gate.state.lock().unwrap().arrived < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        gate.call_off("no thread".into());
+        for t in waiters {
+            assert_eq!(t.join().unwrap(), Err("no thread".to_string()));
+        }
+        assert_eq!(gate.wait(), Err("no thread".to_string()));
     }
 
     #[test]
