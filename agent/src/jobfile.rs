@@ -1448,6 +1448,9 @@ fn apply(
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;

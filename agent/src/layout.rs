@@ -175,6 +175,18 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
         };
         let offset = offset - offset % spec.min_bs().max(1);
         let mut len = per_file;
+        // Files end before 2^63 bytes (off_t is signed); beyond that the sum would wrap (or
+        // panic) and the region would be nonsense.
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(job_err(format!(
+                "offset={offset} plus {len} bytes of {} is beyond the largest possible file \
+                 (2^63 bytes): lower offset= or size=",
+                path.display()
+            )));
+        }
         if is_block && offset + len > existing_len {
             if offset >= existing_len {
                 return Err(job_err(format!(
@@ -655,6 +667,30 @@ mod tests {
         j.name = "ok".into();
         let err = plan_files(&j, 0).unwrap_err().to_string();
         assert!(err.contains("does not create directories"), "{err}");
+    }
+
+    /// Found by the job-file fuzz test: `size=18446744073709547520` with `offset=1m` made
+    /// offset + size overflow (a panic in debug builds, a wrapped region in release).
+    #[test]
+    fn refuses_regions_beyond_the_largest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for (offset, size) in [
+            (1 << 20, u64::MAX - 4095),
+            (u64::MAX - 4095, 4096),
+            (1 << 62, 1 << 62),
+        ] {
+            let mut j = job(dir.path());
+            j.nrfiles = 1;
+            j.offset = Extent::Bytes(offset);
+            j.size = Some(Extent::Bytes(size));
+            let err = plan_files(&j, 0).unwrap_err().to_string();
+            assert!(err.contains("beyond the largest possible file"), "{err}");
+        }
+        let mut j = job(dir.path());
+        j.nrfiles = 1;
+        j.offset = Extent::Bytes(1 << 62);
+        j.size = Some(Extent::Bytes((1 << 62) - 1));
+        assert_eq!(plan_files(&j, 0).unwrap()[0].min_len, i64::MAX as u64);
     }
 
     #[test]

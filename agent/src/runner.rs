@@ -712,7 +712,8 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
         } else {
             ctx.files.iter().map(|f| f.region).collect()
         };
-        let total: u64 = regions.iter().map(|r| r.len).sum();
+        // Saturating: each region ends before 2^63, but several can add up past 2^64.
+        let total: u64 = regions.iter().map(|r| r.len).fold(0, u64::saturating_add);
         let params = WorkloadParams {
             pattern: job.pattern,
             rwmixread: job.rwmixread,
@@ -1884,6 +1885,25 @@ mod tests {
             e.contains("iodepth=40000: at most 32768 with ioengine=io_uring"),
             "{e}"
         );
+    }
+
+    /// The gRPC fuzz test drove a run into iodepth x bs buffers of many GiB (bs=1g); under a
+    /// memory limit such an allocation fails, and that failure (or an overflow of the size)
+    /// panicked the clone, which took the agent's whole run down with it. Now the clone fails
+    /// with a message.
+    #[test]
+    fn impossible_io_buffers_are_an_error_not_a_panic() {
+        for (slots, slot_len) in [(usize::MAX / 4096 + 1, 4096), (1 << 20, 1 << 30)] {
+            let err = Buffers::new(slots, slot_len, 1)
+                .err()
+                .expect("no such allocation");
+            assert!(
+                err.contains("do not fit in memory") || err.contains("cannot allocate"),
+                "{err}"
+            );
+        }
+        let b = Buffers::new(2, 1, 1).expect("two 4 KiB slots");
+        assert_eq!(b.slot_len, 4096);
     }
 
     /// fio's reaping (`iodepth_batch_complete_max=1`, the default) against every completion at

@@ -515,7 +515,7 @@ impl AgentService {
         let configured_depth = if open_loop {
             0
         } else {
-            jobs.iter().map(|j| j.iodepth * j.numjobs).sum()
+            configured_depth(&jobs)
         };
         Ok(PreparedVolume {
             name: work.volume.clone(),
@@ -534,6 +534,28 @@ struct CheckedVolume<'a> {
     vol: &'a volume::VolumeConfig,
     jobs: Vec<JobSpec>,
     faults: Vec<FaultSpec>,
+}
+
+/// A run id as Status messages show it: quoted with control characters escaped, and cut to
+/// `SHOWN_ID_CHARS` characters. The id is the caller's; a message echoing a long one whole
+/// outgrows HTTP/2's header limit (gRPC sends the message as a header) and reaches the caller
+/// as a bare protocol error instead of the agent's answer.
+fn shown_id(id: &str) -> String {
+    const SHOWN_ID_CHARS: usize = 64;
+    let count = id.chars().count();
+    if count <= SHOWN_ID_CHARS {
+        return format!("{id:?}");
+    }
+    let head: String = id.chars().take(SHOWN_ID_CHARS).collect();
+    format!("{head:?}... ({count} characters)")
+}
+
+/// iodepth x numjobs summed over a volume's jobs, saturating: each is up to u32::MAX (their
+/// bounds are the job file's business), and an overflow here panicked the whole Prepare.
+fn configured_depth(jobs: &[JobSpec]) -> u32 {
+    jobs.iter()
+        .map(|j| j.iodepth.saturating_mul(j.numjobs))
+        .fold(0u32, u32::saturating_add)
 }
 
 fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
@@ -611,8 +633,9 @@ impl Agent for AgentService {
                 }
                 Phase::Prepared { run_id, .. } | Phase::Running { run_id, .. } => {
                     return Err(Status::failed_precondition(format!(
-                        "agent '{}' is busy with run {run_id}",
-                        self.shared.cfg.name
+                        "agent '{}' is busy with run {}",
+                        self.shared.cfg.name,
+                        shown_id(run_id)
                     )));
                 }
             }
@@ -676,13 +699,17 @@ impl Agent for AgentService {
             other => {
                 let msg = match &other {
                     Phase::Idle => "nothing prepared".to_string(),
-                    Phase::Prepared { run_id, .. } => format!("prepared run is {run_id}"),
-                    Phase::Running { run_id, .. } => format!("already running {run_id}"),
+                    Phase::Prepared { run_id, .. } => {
+                        format!("prepared run is {}", shown_id(run_id))
+                    }
+                    Phase::Running { run_id, .. } => {
+                        format!("already running {}", shown_id(run_id))
+                    }
                 };
                 *phase = other;
                 return Err(Status::failed_precondition(format!(
                     "cannot start run {}: {msg}",
-                    req.run_id
+                    shown_id(&req.run_id)
                 )));
             }
         };
@@ -697,8 +724,15 @@ impl Agent for AgentService {
         let start_at = UNIX_EPOCH + Duration::from_nanos(req.start_at_agent_ns.max(0) as u64);
         tracing::debug!(run = %req.run_id, start_at_ns = req.start_at_agent_ns, now_ns = unix_ns(SystemTime::now()), "start requested");
         let shared = self.shared.clone();
-        std::thread::Builder::new()
-            .name(format!("run-{}", req.run_id))
+        // A thread name may not hold a NUL (spawning would panic) and Linux shows 15 bytes
+        // of it: the id's first printable characters are all it can say.
+        let thread_name: String = std::iter::once("run-")
+            .flat_map(str::chars)
+            .chain(req.run_id.chars().filter(|c| !c.is_control()))
+            .take(15)
+            .collect();
+        let spawned = std::thread::Builder::new()
+            .name(thread_name)
             .spawn(move || {
                 let run_opts = RunSetup {
                     run_id: req.run_id,
@@ -706,9 +740,23 @@ impl Agent for AgentService {
                     keep_files,
                     interval,
                 };
-                run(shared, run_opts, volumes, hub, stop)
-            })
-            .map_err(|e| Status::internal(format!("cannot start the run thread: {e}")))?;
+                let (shared2, hub2, run_id) =
+                    (shared.clone(), hub.clone(), run_opts.run_id.clone());
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(shared, run_opts, volumes, hub, stop)
+                }));
+                if let Err(panic) = ran {
+                    run_panicked(&shared2, &hub2, run_id, panic_message(&*panic));
+                }
+            });
+        if let Err(e) = spawned {
+            // Not running after all: an agent left `Running` with no run would stay busy.
+            *self.shared.phase.lock().unwrap() = Phase::Idle;
+            self.shared.metrics.set_state(0);
+            return Err(Status::internal(format!(
+                "cannot start the run thread: {e}"
+            )));
+        }
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -763,7 +811,7 @@ impl Agent for AgentService {
                 }
                 _ => Err(Status::not_found(format!(
                     "run {} is not running on this agent",
-                    req.run_id
+                    shown_id(&req.run_id)
                 ))),
             },
         }
@@ -878,7 +926,8 @@ fn run(
             .into_iter()
             .map(|v| {
                 let (hub, stop) = (hub.clone(), stop.clone());
-                scope.spawn(move || {
+                let name = v.name.clone();
+                let handle = scope.spawn(move || {
                     let faults = Arc::new(v.faults);
                     let names = faults.clone();
                     let aggregator = VolumeAggregator::new(
@@ -963,16 +1012,33 @@ fn run(
                         stuck: stuck_ios(&report),
                         stuck_count: report.jobs.iter().map(|j| j.stats.stuck_count).sum(),
                     }
+                });
+                (name, handle)
+            })
+            .collect();
+        // A panicking volume thread is that volume's error, not the run's end: panicking here
+        // would leave the watchdog waiting for `done` and the scope (and the agent, busy with
+        // this run) waiting for the watchdog, for ever.
+        let results = handles
+            .into_iter()
+            .map(|(volume, h)| {
+                h.join().unwrap_or_else(|panic| {
+                    let error = format!("the volume's run failed: {}", panic_message(&*panic));
+                    tracing::error!("volume {volume}: {error}");
+                    VolumeResult {
+                        volume,
+                        error,
+                        ..VolumeResult::default()
+                    }
                 })
             })
             .collect();
-        let results = handles
-            .into_iter()
-            .map(|h| h.join().expect("volume thread panicked"))
-            .collect();
         done.store(true, Ordering::Relaxed);
         for t in agent_fault_threads {
-            fault_events.extend(t.join().expect("fault thread panicked"));
+            match t.join() {
+                Ok(events) => fault_events.extend(events),
+                Err(panic) => tracing::error!("a fault thread failed: {}", panic_message(&*panic)),
+            }
         }
         results
     });
@@ -998,6 +1064,34 @@ fn run(
     *shared.last_run.lock().unwrap() = Some((run_id, hub.clone()));
     *shared.phase.lock().unwrap() = Phase::Idle;
     shared.metrics.run_ended();
+}
+
+/// What a panic said, for the run's error.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
+/// The run thread itself panicked (outside the volumes' threads): the coordinator still gets
+/// a final result saying so, and the agent is idle again, not busy for ever with a run that
+/// no longer exists.
+fn run_panicked(shared: &Shared, hub: &Arc<EventHub>, run_id: String, message: String) {
+    tracing::error!("run {run_id} failed: {message}");
+    hub.publish(RunEvent {
+        seq: 0,
+        event: Some(run_event::Event::Final(FinalResult {
+            volumes: Vec::new(),
+            error: format!("the agent's run failed: {message}"),
+            faults: Vec::new(),
+        })),
+    });
+    hub.finish();
+    *shared.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some((run_id, hub.clone()));
+    *shared.phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Idle;
+    shared.metrics.set_state(0);
 }
 
 /// Forwards to the volume's aggregator and notes when its IO actually began: the clones'
@@ -1551,6 +1645,154 @@ mod tests {
         // After the end, a late re-attach still gets the rest and the stream closes.
         assert_eq!(drain(hub.attach(3)).await, vec![4]);
         assert_eq!(drain(hub.attach(0)).await, vec![1, 2, 3, 4]);
+    }
+
+    fn service(volume: &std::path::Path) -> AgentService {
+        AgentService::new(DaemonConfig {
+            name: "t".into(),
+            labels: BTreeMap::new(),
+            volumes: vec![VolumeConfig {
+                name: "data".into(),
+                path: volume.to_path_buf(),
+                size_bytes: 0,
+                kind: String::new(),
+                provisioned_iops: 0,
+                provisioned_mib_s: 0,
+            }],
+            token: None,
+            grace: Duration::from_secs(5),
+            allow_block_devices: false,
+            allow_exec: false,
+        })
+    }
+
+    /// Found by the gRPC fuzz test: a run id is the caller's, and echoing a long one whole in
+    /// a Status message broke HTTP/2's header limit (the caller got a protocol error).
+    #[test]
+    fn run_ids_in_messages_are_escaped_and_cut() {
+        assert_eq!(shown_id("r1"), "\"r1\"");
+        assert_eq!(shown_id("a\nb\0"), "\"a\\nb\\0\"");
+        let long = shown_id(&"é".repeat(100_000));
+        assert!(long.len() < 200, "{long}");
+        assert!(long.ends_with("... (100000 characters)"), "{long}");
+    }
+
+    #[tokio::test]
+    async fn unknown_long_run_ids_get_a_short_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let err = svc
+            .attach(Request::new(AttachRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: "r".repeat(50_000),
+                after_seq: 0,
+            }))
+            .await
+            .err()
+            .expect("no such run");
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(err.message().len() < 200, "{}", err.message());
+    }
+
+    /// Found reading the handlers for the gRPC fuzz test: the configured depth (iodepth x
+    /// numjobs, summed) overflowed u32 and the Prepare panicked ("prepare panicked"). The
+    /// runner's buffer-memory check now refuses such jobs first; the sum saturates anyway.
+    #[test]
+    fn a_huge_configured_depth_saturates() {
+        let job = |iodepth: u32, numjobs: u32| {
+            let mut j = JobSpec::with_defaults("j", crate::job::Origin::default());
+            j.iodepth = iodepth;
+            j.numjobs = numjobs;
+            j
+        };
+        assert_eq!(configured_depth(&[job(4, 2), job(8, 1)]), 16);
+        assert_eq!(configured_depth(&[job(u32::MAX, 2)]), u32::MAX);
+        assert_eq!(
+            configured_depth(&[job(1 << 31, 1), job(1 << 31, 1)]),
+            u32::MAX
+        );
+    }
+
+    /// A run that panics (the gRPC fuzz test drove a clone into an allocation failure, which
+    /// panicked it) must end with a final result that says so and leave the agent idle; it
+    /// used to leave the agent busy with the dead run for good.
+    #[tokio::test]
+    async fn a_run_that_panics_ends_with_a_final_result_and_an_idle_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let hub = EventHub::new(svc.shared.metrics.clone());
+        *svc.shared.phase.lock().unwrap() = Phase::Running {
+            run_id: "r".into(),
+            stop: Arc::new(AtomicBool::new(false)),
+            hub: hub.clone(),
+        };
+        let stream = hub.attach(0);
+        let payload = std::panic::catch_unwind(|| panic!("boom {}", 42)).unwrap_err();
+        run_panicked(&svc.shared, &hub, "r".into(), panic_message(&*payload));
+        assert_eq!(svc.busy_with(), "");
+        let events: Vec<_> = stream.collect().await;
+        let Some(Ok(RunEvent {
+            event: Some(run_event::Event::Final(f)),
+            ..
+        })) = events.last()
+        else {
+            panic!("no final result: {events:?}");
+        };
+        assert_eq!(f.error, "the agent's run failed: boom 42");
+        let payload = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_message(&*payload), "plain");
+    }
+
+    /// Found while writing the gRPC fuzz test: a run id with a NUL made the run thread's name invalid and
+    /// `start` panicked after marking the agent busy, which then refused every run for good.
+    #[tokio::test]
+    async fn a_run_id_with_a_nul_starts_and_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path());
+        let run_id = "r\0x".to_string();
+        let reply = svc
+            .prepare(Request::new(PrepareRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: run_id.clone(),
+                work: vec![lockstep_proto::v1::VolumeWork {
+                    volume: "data".into(),
+                    role: "r".into(),
+                    jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".into(),
+                    overrides: Default::default(),
+                    faults_json: Vec::new(),
+                }],
+                interval_ms: 100,
+                keep_files: false,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error, "");
+        let stream = svc
+            .start(Request::new(StartRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id,
+                start_at_agent_ns: unix_ns(SystemTime::now()),
+            }))
+            .await
+            .map_err(|s| s.to_string())
+            .expect("started");
+        let events: Vec<_> = stream.into_inner().collect().await;
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Ok(RunEvent {
+                    event: Some(run_event::Event::Final(_)),
+                    ..
+                })
+            )),
+            "no final result"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !svc.busy_with().is_empty() {
+            assert!(Instant::now() < deadline, "still busy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]

@@ -141,11 +141,24 @@ impl VolumeConfig {
             // Every path is spelled from the volume's root as given, so the opens beneath it
             // (see `confine`) can take it apart again.
             job.filenames = job.filenames.iter().map(|f| self.respell(f)).collect();
-            job.directories = if job.directories.iter().all(|d| !d.is_absolute()) {
-                vec![self.path.clone()]
-            } else {
-                job.directories.iter().map(|d| self.respell(d)).collect()
-            };
+            // A relative directory means the volume itself, also beside an absolute one
+            // (`directory=/vol:.`): left as it was, it would resolve against the agent's
+            // working directory.
+            let mut dirs: Vec<PathBuf> = Vec::new();
+            for d in &job.directories {
+                let d = if d.is_absolute() {
+                    self.respell(d)
+                } else {
+                    self.path.clone()
+                };
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
+            }
+            if dirs.is_empty() {
+                dirs.push(self.path.clone());
+            }
+            job.directories = dirs;
             job.scope = Scope::Beneath(self.path.clone());
         } else {
             for f in &job.filenames {
@@ -200,6 +213,75 @@ fn inside(root: &Path, p: &Path) -> bool {
 mod tests {
     use super::*;
     use crate::job::Origin;
+    use proptest::prelude::*;
+
+    /// Path pieces a job's `directory=`/`filename=` may be made of, against the volume `vol`.
+    fn path_piece(vol: String) -> impl Strategy<Value = PathBuf> {
+        prop_oneof![
+            prop::sample::select(vec![
+                ".",
+                "..",
+                "sub",
+                "./sub",
+                "sub/..",
+                "../x",
+                "/",
+                "/tmp",
+                "/etc/passwd",
+                "a/b",
+                "",
+                "f.dat",
+            ])
+            .prop_map(PathBuf::from),
+            prop::sample::select(vec!["", "/sub", "/..", "/../x", "/./f", "/sub/../.."])
+                .prop_map(move |tail| PathBuf::from(format!("{vol}{tail}"))),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever a job names, once confined every directory and file it will use is an
+        /// absolute path inside the volume (the fuzz property for confinement: a relative
+        /// path left in place would resolve against the agent's working directory).
+        #[test]
+        fn confined_jobs_only_name_paths_inside_the_volume(
+            dirs in prop::collection::vec(path_piece("VOL".into()), 0..3),
+            files in prop::collection::vec(path_piece("VOL".into()), 0..3),
+        ) {
+            let root = tempfile::tempdir().unwrap();
+            let vol_path = root.path().join("vol");
+            std::fs::create_dir_all(vol_path.join("sub")).unwrap();
+            let real = |p: &PathBuf| {
+                PathBuf::from(p.display().to_string().replacen("VOL", &vol_path.display().to_string(), 1))
+            };
+            let v = VolumeConfig {
+                name: "data".into(),
+                path: vol_path.clone(),
+                size_bytes: 0,
+                kind: String::new(),
+                provisioned_iops: 0,
+                provisioned_mib_s: 0,
+            };
+            let mut job = JobSpec::with_defaults("j", Origin::default());
+            job.directories = dirs.iter().map(real).collect();
+            job.filenames = files.iter().map(real).collect();
+            if v.confine(&mut job).is_ok() {
+                let canon_root = vol_path.canonicalize().unwrap();
+                let inside_root = |p: &Path| {
+                    p.is_absolute()
+                        && p.components().all(|c| !matches!(c, Component::ParentDir))
+                        && p.canonicalize().map_or(p.starts_with(&vol_path), |c| c.starts_with(&canon_root))
+                };
+                for d in &job.directories {
+                    prop_assert!(inside_root(d), "directory {} escapes {}", d.display(), vol_path.display());
+                }
+                for f in &job.filenames {
+                    prop_assert!(inside_root(f), "filename {} escapes {}", f.display(), vol_path.display());
+                }
+            }
+        }
+    }
 
     #[test]
     fn parses_volume_specs() {
@@ -270,6 +352,13 @@ mod tests {
         let mut job = JobSpec::with_defaults("j", Origin::default());
         job.directories = vec![PathBuf::from("/tmp/elsewhere-lockstep")];
         assert!(v.confine(&mut job).is_err());
+
+        // Found by the confinement property: a relative directory beside an absolute one
+        // was kept, so `directory=VOL:.` laid files out in the agent's working directory.
+        let mut job = JobSpec::with_defaults("j", Origin::default());
+        job.directories = vec![dir.path().to_path_buf(), PathBuf::from(".")];
+        v.confine(&mut job).unwrap();
+        assert_eq!(job.directories, vec![dir.path().to_path_buf()]);
 
         let mut job = JobSpec::with_defaults("j", Origin::default());
         job.filenames = vec![PathBuf::from("sub.dat")];

@@ -566,7 +566,15 @@ impl Source<'_> {
     /// A TOML syntax or type error, with the field found from its span.
     fn toml_error(&self, e: &toml::de::Error) -> PlanError {
         let Some(span) = e.span() else {
-            return self.error(0, "", e.message());
+            // The TOML crate's recursion limit has no position: point at the most nested line.
+            return match raw::most_nested_line(self.text) {
+                Some((offset, field)) => self.error(
+                    self.line(offset),
+                    field,
+                    format!("{}: the keys or values are nested too deeply", e.message()),
+                ),
+                None => self.error(0, "", e.message()),
+            };
         };
         let field = raw::field_at(self.text, span.start);
         let mut message = e.message().to_string();

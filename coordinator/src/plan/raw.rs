@@ -217,6 +217,46 @@ pub(super) fn field_at(text: &str, offset: usize) -> String {
     path
 }
 
+/// The line with the most nesting (dots of dotted keys, opening brackets and braces, outside
+/// strings), as the byte offset of its start, and the first key on it. For the one error the
+/// TOML crate gives without a position (its recursion limit, reached by a long dotted key such
+/// as `a.a.a...a = 1` or by deeply nested arrays), so the message still names a line. Done on
+/// the text because the TOML parser refuses such a document before there is a tree to walk.
+pub(super) fn most_nested_line(text: &str) -> Option<(usize, String)> {
+    let mut best: Option<(usize, usize, &str)> = None;
+    let mut offset = 0;
+    // A string may not span lines here: multi-line strings only make the count smaller.
+    for line in text.split_inclusive('\n') {
+        let mut quote: Option<char> = None;
+        let mut nesting = 0;
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') => break,
+                (None, '.' | '[' | '{') => nesting += 1,
+                _ => {}
+            }
+        }
+        if nesting > 0 && best.is_none_or(|(n, _, _)| nesting > n) {
+            best = Some((nesting, offset, line));
+        }
+        offset += line.len();
+    }
+    best.map(|(_, offset, line)| {
+        let key = line
+            .trim_start()
+            .trim_start_matches('[')
+            .split(['.', '=', ']', ' ', '\t'])
+            .next()
+            .unwrap_or_default()
+            .trim_matches(['"', '\''])
+            .to_string();
+        (offset, key)
+    })
+}
+
 /// Dotted path of keys inside `table` whose values contain `offset`.
 fn inner_path(table: &DeTable, offset: usize) -> Option<String> {
     for (key, value) in table.iter() {

@@ -320,6 +320,26 @@ fn toml_syntax_errors_name_the_line() {
     parse_err("duration = \"10s\"\n[[role]\n", 2, "", "expected `]`");
 }
 
+/// The TOML crate's recursion limit comes without a position (found by fuzz_plan): the
+/// message must still name the line and the key.
+#[test]
+fn nesting_too_deep_names_the_line_and_key() {
+    let deep = vec!["a"; 200].join(".");
+    parse_err(
+        &format!("duration = \"10s\"\n{deep} = 1\n"),
+        2,
+        "a",
+        "nested too deeply",
+    );
+    let arrays = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let e = parse(
+        &format!("duration = \"10s\" # a.b.c.d.e.f\nx = \"a.b.c\"\ninterval = {arrays}\n"),
+        Path::new(ORIGIN),
+    )
+    .expect_err("too deep");
+    assert_eq!(e.line(), 3, "{e}");
+}
+
 #[test]
 fn unknown_keys_are_refused_with_their_element() {
     parse_err(
