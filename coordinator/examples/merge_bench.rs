@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use lockstep::results::merge::{Merger, VolumeInfo};
+use lockstep::results::merge::{Merger, PlannedVolume};
 use lockstep::results::{RunResults, RunStatus};
 use lockstep_proto::histogram::encode;
 use lockstep_proto::v1::{DirInterval, VolumeInterval};
@@ -78,9 +78,9 @@ fn main() {
         .map(|v| v.read.as_ref().unwrap().lat_hist.len() * 2)
         .sum::<usize>()
         / 64;
-    let infos: Vec<VolumeInfo> = (0..agents)
+    let infos: Vec<PlannedVolume> = (0..agents)
         .flat_map(|a| {
-            (0..volumes).map(move |v| VolumeInfo {
+            (0..volumes).map(move |v| PlannedVolume {
                 node: format!("agent-{a}"),
                 volume: format!("vol{v}"),
                 role: "worker".into(),

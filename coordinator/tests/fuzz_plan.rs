@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use lockstep::plan::{self, AgentInfo, PlanError, VolumeInfo};
+use lockstep::plan::{self, AgentInfo, AgentVolume, PlanError};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::Config;
@@ -98,7 +98,7 @@ fn agents() -> Vec<AgentInfo> {
             name: format!("agent-{i}"),
             address: format!("127.0.0.1:{}", 7000 + i),
             labels: [("node".to_string(), format!("agent-{i}"))].into(),
-            volumes: vec![VolumeInfo {
+            volumes: vec![AgentVolume {
                 name: "data".to_string(),
                 path: PathBuf::from(format!("/tmp/lockstep-fuzz/agent-{i}")),
                 size_bytes: 1 << 30,

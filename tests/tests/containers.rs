@@ -320,7 +320,7 @@ fn an_agent_cut_off_briefly_is_reattached_and_nothing_is_missing() {
 #[test]
 fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_the_run_and_says_so()
 {
-    use lockstep::service::leader::RunStatus;
+    use lockstep::service::leader::RunLifecycle;
     let _one = serial();
     let t0 = Instant::now();
     let mut c = Cluster::start(4, &[]);
@@ -365,7 +365,7 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
     let killed = Instant::now();
     let taken = wait_for(Duration::from_secs(15), || {
         let s = state(&rt);
-        s.leader == "c2" && s.status == RunStatus::Aborted
+        s.leader == "c2" && s.status == RunLifecycle::Aborted
     });
     let takeover = killed.elapsed();
     assert!(taken, "the standby did not take over: {:?}", state(&rt));

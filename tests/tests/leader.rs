@@ -83,7 +83,7 @@ fn plan(dir: &Path, name: &str, duration: &str) -> std::path::PathBuf {
 
 #[test]
 fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() {
-    use lockstep::service::leader::RunStatus;
+    use lockstep::service::leader::RunLifecycle;
     let etcd = Etcd::start();
     let dir = scratch();
     let rt = rt();
@@ -115,7 +115,7 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
     let id = submit(&etcd, &plan(dir.path(), "long", "30s"));
     assert!(
         wait_for(Duration::from_secs(15), || state(&rt, &etcd, &id).status
-            == RunStatus::Running),
+            == RunLifecycle::Running),
         "the leader did not start the run"
     );
     let s = state(&rt, &etcd, &id);
@@ -136,7 +136,7 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
     let killed = Instant::now();
     let took_over = wait_for(Duration::from_secs(15), || {
         let s = state(&rt, &etcd, &id);
-        s.leader == "c2" && s.status == RunStatus::Aborted
+        s.leader == "c2" && s.status == RunLifecycle::Aborted
     });
     let takeover = killed.elapsed();
     let c2_log = std::fs::read_to_string(dir.path().join("c2.log")).unwrap_or_default();
@@ -207,7 +207,7 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
     let s2 = state(&rt, &etcd, &id2);
     assert_eq!(
         (s2.status, s2.leader.as_str()),
-        (RunStatus::Completed, "c2"),
+        (RunLifecycle::Completed, "c2"),
         "{}",
         s2.reason
     );

@@ -213,7 +213,7 @@ pub fn iops(ios: u64, runtime_ms: u64) -> f64 {
 /// below a percentile), and the mean and stddev weigh each bucket at its midpoint. The stddev is
 /// the sample one (n − 1), as fio's `calc_lat` computes it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LatSummary {
+pub struct LatStats {
     pub min: u64,
     pub max: u64,
     pub mean: f64,
@@ -221,17 +221,17 @@ pub struct LatSummary {
     pub n: u64,
 }
 
-pub fn lat_summary(h: &Histogram<u64>) -> LatSummary {
+pub fn lat_summary(h: &Histogram<u64>) -> LatStats {
     let n = h.len();
     if n == 0 {
-        return LatSummary::default();
+        return LatStats::default();
     }
     let stddev = if n > 1 {
         h.stdev() * (n as f64 / (n - 1) as f64).sqrt()
     } else {
         0.0
     };
-    LatSummary {
+    LatStats {
         min: h.min(),
         max: h.max(),
         mean: h.mean(),

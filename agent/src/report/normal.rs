@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use hdrhistogram::Histogram;
 
 use super::{
-    JobGroup, LAT_LABELS, LAT_MS_LABELS, LatSummary, RunGroup, RunGroupDir, RunReport, agg_percent,
+    JobGroup, LAT_LABELS, LAT_MS_LABELS, LatStats, RunGroup, RunGroupDir, RunReport, agg_percent,
     bw_bytes, cpu_percent, ctime, depth_distribution, dir_runtime_ms, error_code, group_jobs,
     interval_rates, lat_summary, latency_buckets, local_utc_offset, percentile_list,
     percentile_precision, percentiles, run_groups, version_string,
@@ -261,7 +261,7 @@ fn dir_status(
 
 /// fio's `display_lat`: min/max/avg/stdev in nsec, switching to usec or msec when the figures
 /// are large enough (fio's `nsec_to_usec` / `nsec_to_msec` thresholds).
-fn lat_line(name: &str, s: &LatSummary) -> String {
+fn lat_line(name: &str, s: &LatStats) -> String {
     let (mut min, mut max, mut mean, mut dev) = (s.min, s.max, s.mean, s.stddev);
     let unit = if min > 2_000_000 && max > 99_999_999 && dev > 1_000_000.0 {
         (min, max, mean, dev) = (min / 1_000_000, max / 1_000_000, mean / 1e6, dev / 1e6);
@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn lat_line_picks_fios_unit() {
-        let s = |min, max, mean, stddev| LatSummary {
+        let s = |min, max, mean, stddev| LatStats {
             min,
             max,
             mean,

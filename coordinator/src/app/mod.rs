@@ -22,7 +22,7 @@ use crate::app::live::LiveView;
 use crate::export;
 use crate::orchestrate::local::LocalCluster;
 use crate::orchestrate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
-use crate::plan::{self, AgentInfo, Assignment, Plan, VolumeInfo};
+use crate::plan::{self, AgentInfo, AgentVolume, Assignment, Plan};
 use crate::results::hlog::HlogWriter;
 use crate::results::timeline::VolumeModel;
 use crate::results::{ObjectiveResult, RunResults, RunStatus};
@@ -132,7 +132,7 @@ async fn discover(
                 .hello
                 .volumes
                 .iter()
-                .map(|v| VolumeInfo {
+                .map(|v| AgentVolume {
                     name: v.name.clone(),
                     path: PathBuf::from(&v.path),
                     size_bytes: v.size_bytes,
@@ -171,7 +171,7 @@ fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn model_of(v: &VolumeInfo, faults: &[crate::plan::FaultAssignment]) -> Option<VolumeModel> {
+fn model_of(v: &AgentVolume, faults: &[crate::plan::FaultAssignment]) -> Option<VolumeModel> {
     // An emulated EBS volume is judged as that volume type.
     for f in faults {
         if f.kind == "ebs" {
@@ -476,7 +476,7 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
                 name: a.name.clone(),
                 address: a.address.clone(),
                 labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
-                volumes: vec![VolumeInfo {
+                volumes: vec![AgentVolume {
                     name: "data".into(),
                     path: a.dir.clone(),
                     kind: "local".into(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 use lockstep_agent::registry::{Registration, agents_prefix, connect_options};
 
-use crate::plan::{AgentInfo, VolumeInfo};
+use crate::plan::{AgentInfo, AgentVolume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -125,7 +125,7 @@ pub fn to_agent_info(r: Registration) -> AgentInfo {
         volumes: r
             .volumes
             .into_iter()
-            .map(|v| VolumeInfo {
+            .map(|v| AgentVolume {
                 name: v.name,
                 path: PathBuf::from(v.path),
                 size_bytes: v.size_bytes,

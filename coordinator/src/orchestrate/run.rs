@@ -18,7 +18,7 @@ use tokio_stream::StreamExt;
 
 use super::streams::{AgentTrack, Ev, Streams, reattach_window};
 use crate::orchestrate::client::{self, Connected};
-use crate::results::merge::{Merger, VolumeInfo};
+use crate::results::merge::{Merger, PlannedVolume};
 use crate::results::timeline::VolumeModel;
 use crate::results::{AgentResult, AgentState, RunResults, RunStatus};
 
@@ -119,11 +119,11 @@ pub async fn execute(
     let run_start_ns = client::unix_ns();
     let (conns, tracks) = connect_all(&spec, observer).await?;
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
-    let infos: Vec<VolumeInfo> = spec
+    let infos: Vec<PlannedVolume> = spec
         .agents
         .iter()
         .flat_map(|a| {
-            a.volumes.iter().map(|v| VolumeInfo {
+            a.volumes.iter().map(|v| PlannedVolume {
                 node: a.name.clone(),
                 volume: v.volume.clone(),
                 role: v.role.clone(),

@@ -484,7 +484,7 @@ mod tests {
         let names = ["a1", "a2"];
         let infos: Vec<_> = names
             .iter()
-            .map(|n| crate::results::merge::VolumeInfo {
+            .map(|n| crate::results::merge::PlannedVolume {
                 node: n.to_string(),
                 volume: "data".into(),
                 role: "w".into(),

@@ -35,8 +35,8 @@ use toml::Spanned;
 
 pub use duration::{check_whole_millis, format_duration, parse_duration};
 pub use resolve::{
-    AgentAssignment, AgentInfo, Assignment, FaultAssignment, ScheduledFault, VolumeAssignment,
-    VolumeInfo, VolumeRef, resolve,
+    AgentAssignment, AgentInfo, AgentVolume, Assignment, FaultAssignment, ScheduledFault,
+    VolumeAssignment, VolumeRef, resolve,
 };
 pub use workload::with_rate;
 

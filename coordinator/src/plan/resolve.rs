@@ -20,12 +20,12 @@ pub struct AgentInfo {
     /// `host:port` the coordinator reaches it at.
     pub address: String,
     pub labels: BTreeMap<String, String>,
-    pub volumes: Vec<VolumeInfo>,
+    pub volumes: Vec<AgentVolume>,
 }
 
 /// A volume an agent may test, with what is known about it (for reports and forecasts).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct VolumeInfo {
+pub struct AgentVolume {
     /// The name plans use ("data"); unique per agent.
     pub name: String,
     /// Directory, file or block device on the agent's host.
@@ -80,7 +80,7 @@ pub struct AgentAssignment {
 /// One volume's work: what the agent's `Prepare` needs for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VolumeAssignment {
-    pub volume: VolumeInfo,
+    pub volume: AgentVolume,
     /// Volumes of one role are peers for the chokepoint finder.
     pub role: String,
     /// fio job text; the agent confines its jobs to `volume`.

@@ -39,8 +39,8 @@ fn check_err(e: &PlanError, line: usize, field: &str, says: &str) {
     assert!(shown.contains(says), "'{shown}' should say '{says}'");
 }
 
-fn volume(name: &str) -> VolumeInfo {
-    VolumeInfo {
+fn volume(name: &str) -> AgentVolume {
+    AgentVolume {
         name: name.to_string(),
         path: PathBuf::from(format!("/srv/{name}")),
         size_bytes: 60 << 30,

@@ -35,7 +35,7 @@ pub enum MergeError {
 
 /// What a volume is in this run (from the plan), registered before its intervals arrive.
 #[derive(Debug, Clone)]
-pub struct VolumeInfo {
+pub struct PlannedVolume {
     pub node: String,
     pub volume: String,
     pub role: String,
@@ -203,7 +203,7 @@ pub struct Merger {
 }
 
 impl Merger {
-    pub fn new(interval_ms: u64, volumes: &[VolumeInfo]) -> Self {
+    pub fn new(interval_ms: u64, volumes: &[PlannedVolume]) -> Self {
         let mut index = HashMap::new();
         let mut accs = Vec::new();
         for v in volumes {
@@ -478,8 +478,8 @@ mod tests {
         }
     }
 
-    fn info(node: &str) -> VolumeInfo {
-        VolumeInfo {
+    fn info(node: &str) -> PlannedVolume {
+        PlannedVolume {
             node: node.into(),
             volume: "data".into(),
             role: "r".into(),

@@ -62,7 +62,7 @@ pub struct LeaderInfo {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunStatus {
+pub enum RunLifecycle {
     Queued,
     Running,
     Completed,
@@ -74,9 +74,9 @@ pub enum RunStatus {
     Failed,
 }
 
-impl RunStatus {
+impl RunLifecycle {
     pub fn is_terminal(self) -> bool {
-        !matches!(self, RunStatus::Queued | RunStatus::Running)
+        !matches!(self, RunLifecycle::Queued | RunLifecycle::Running)
     }
 }
 
@@ -103,7 +103,7 @@ pub struct RunState {
     /// The plan file's name when it was submitted.
     pub plan_file: String,
     pub plan_text: String,
-    pub status: RunStatus,
+    pub status: RunLifecycle,
     #[serde(default)]
     pub reason: String,
     /// The coordinator that runs (or ran, or took over) it.
@@ -287,7 +287,7 @@ pub async fn submit(endpoints: &[String], prefix: &str, plan: &Path) -> anyhow::
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         plan_text: text,
-        status: RunStatus::Queued,
+        status: RunLifecycle::Queued,
         reason: String::new(),
         leader: String::new(),
         output_dir: String::new(),
@@ -431,7 +431,7 @@ async fn lead(
 ) -> Result<(), LeaderError> {
     // Runs another leader was running when it died.
     for mut run in etcd.runs(&opts.prefix).await? {
-        if run.status == RunStatus::Running {
+        if run.status == RunLifecycle::Running {
             take_over(opts, etcd, leader, &mut run).await?;
         }
     }
@@ -440,7 +440,7 @@ async fn lead(
             .runs(&opts.prefix)
             .await?
             .into_iter()
-            .find(|r| r.status == RunStatus::Queued)
+            .find(|r| r.status == RunLifecycle::Queued)
         {
             execute(opts, etcd, leader, &mut run, lost).await?;
             continue;
@@ -480,7 +480,7 @@ async fn execute(
     let assignment = match prepared {
         Ok(a) => a,
         Err(e) => {
-            run.status = RunStatus::Failed;
+            run.status = RunLifecycle::Failed;
             run.reason = e.clone();
             run.finished_unix_ms = Some(now_ms());
             run.note(&opts.name, &format!("failed: {e}"));
@@ -506,7 +506,7 @@ async fn execute(
             measured: p.measure,
         })
         .collect();
-    run.status = RunStatus::Running;
+    run.status = RunLifecycle::Running;
     run.started_unix_ms = Some(now_ms());
     run.note(
         &opts.name,
@@ -546,18 +546,18 @@ async fn execute(
     match (&outcome, &results) {
         (_, Some(r)) => {
             run.status = match r.status {
-                crate::results::RunStatus::Completed => RunStatus::Completed,
-                crate::results::RunStatus::Partial => RunStatus::Partial,
-                crate::results::RunStatus::Aborted => RunStatus::Aborted,
+                crate::results::RunStatus::Completed => RunLifecycle::Completed,
+                crate::results::RunStatus::Partial => RunLifecycle::Partial,
+                crate::results::RunStatus::Aborted => RunLifecycle::Aborted,
             };
             run.reason = r.status_reason.clone();
         }
         (Err(e), None) => {
-            run.status = RunStatus::Failed;
+            run.status = RunLifecycle::Failed;
             run.reason = e.clone();
         }
         (Ok(_), None) => {
-            run.status = RunStatus::Failed;
+            run.status = RunLifecycle::Failed;
             run.reason = "the run wrote no results".into();
         }
     }
@@ -635,7 +635,7 @@ async fn take_over(
             tracing::warn!("{}: cannot write results.json: {e}", out_dir.display());
         }
     }
-    run.status = RunStatus::Aborted;
+    run.status = RunLifecycle::Aborted;
     run.reason = reason.clone();
     run.leader = opts.name.clone();
     run.taken_over_unix_ms = Some(t);
@@ -737,8 +737,8 @@ pub fn submit_command(
                     s.status, s.leader, s.reason, s.output_dir
                 );
                 return Ok(match s.status {
-                    RunStatus::Completed => ExitCode::SUCCESS,
-                    RunStatus::Failed => ExitCode::from(2),
+                    RunLifecycle::Completed => ExitCode::SUCCESS,
+                    RunLifecycle::Failed => ExitCode::from(2),
                     _ => ExitCode::from(1),
                 });
             }
@@ -790,9 +790,9 @@ mod tests {
     fn keys() {
         assert_eq!(run_key("/lockstep", "1-x"), "/lockstep/runs/1-x");
         assert_eq!(election_name("/lockstep/"), "/lockstep/election");
-        assert!(RunStatus::Aborted.is_terminal() && !RunStatus::Running.is_terminal());
+        assert!(RunLifecycle::Aborted.is_terminal() && !RunLifecycle::Running.is_terminal());
         assert_eq!(
-            serde_json::to_string(&RunStatus::Partial).unwrap(),
+            serde_json::to_string(&RunLifecycle::Partial).unwrap(),
             "\"partial\""
         );
     }
