@@ -46,15 +46,23 @@ use stats::{Center, MAD_TO_SIGMA};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AnalysisOptions {
-    /// Flag an interval whose latency (normalized by throughput) exceeds this multiple of the
-    /// peers' median. 5x, stricter than SlowBrokerFinder's default peer margin of 3x
-    /// (docs/domain.md#fail-slow): far above interval-to-interval noise and the spread between
-    /// healthy volumes of one type (rarely beyond 1.5x).
-    pub peer_latency_factor: f64,
-    /// Flag an interval whose IOPS are below this fraction of the peers' median while the volume
-    /// has IOs queued. A closed-loop volume shows a throttle as lost IOPS as much as added
-    /// latency (IOPS = depth / latency); half is a loss no healthy peer shows for long.
-    pub peer_iops_fraction: f64,
+    /// Practical effect: an interval is flagged only when the volume is at least this much
+    /// slower than its peers' center (latency per load up, or IOPS down, by this factor). A
+    /// statistically clear 3% difference between near-identical volumes is real but not worth
+    /// a verdict; 1.2x is the smallest slowdown the study in docs/chokepoint.md is asked to see,
+    /// and what a fleet's moderate, persistent fail-slow devices show (docs/domain.md#fail-slow).
+    pub min_slowdown: f64,
+    /// Statistical distance: an interval is flagged only when the volume sits more than this
+    /// many robust sigmas (the peers' spread, see `spread_floor`) from its peers' center. 3: a
+    /// normal value crosses it in 0.13% of intervals, and the flag rule takes the median of 3
+    /// consecutive intervals (a one-interval spike is not a slowdown), two of which must cross.
+    pub peer_z: f64,
+    /// Floor of the peers' spread, as a fraction of their center (a CV). Peers within 0.1% of
+    /// each other would make any wobble "significant"; the floor keeps the distance rule
+    /// meaningful, and the factor rule (`min_slowdown`) is then the one that decides.
+    /// 0.05: `peer_z` x 0.05 = 0.15 in ln units is below ln 1.2 = 0.18, so a 1.2x slowdown on
+    /// identical peers is still 3.6 sigmas out and caught.
+    pub spread_floor: f64,
     /// "Has IOs queued": outstanding IOs at least this fraction of the peers' median. Below it
     /// the volume is not being asked for IOs (the load generator is short), and low IOPS are
     /// not the storage's fault.
@@ -112,8 +120,9 @@ pub struct AnalysisOptions {
 impl Default for AnalysisOptions {
     fn default() -> Self {
         AnalysisOptions {
-            peer_latency_factor: 5.0,
-            peer_iops_fraction: 0.5,
+            min_slowdown: 1.2,
+            peer_z: 3.0,
+            spread_floor: 0.05,
             busy_outstanding_fraction: 0.5,
             history_latency_factor: 3.0,
             history_intervals: 60,
@@ -259,7 +268,74 @@ pub struct VolumeVerdict {
     /// Peak score of its worst episode (net flagged intervals).
     pub score: u32,
     pub evidence: Evidence,
+    /// How sure the finder is, and why.
+    #[serde(default)]
+    pub confidence: Confidence,
     pub impact: Impact,
+}
+
+/// How sure a verdict is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfidenceLevel {
+    /// The typical interval after the onset is clearly out (over `peer_z` robust sigmas and
+    /// `min_slowdown`), and most of them were flagged.
+    #[default]
+    Sure,
+    /// Persistent enough to be named, but the typical interval is near the limits (or fewer
+    /// than half were flagged): a suspect, not yet sure. Look again with more data.
+    Suspect,
+}
+
+impl ConfidenceLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfidenceLevel::Sure => "sure",
+            ConfidenceLevel::Suspect => "suspect, not yet sure",
+        }
+    }
+}
+
+/// The figures behind a verdict's confidence, over the intervals from the onset to the end of
+/// the episode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Confidence {
+    pub level: ConfidenceLevel,
+    pub flagged_intervals: u32,
+    pub intervals: u32,
+    /// Median over the intervals of its distance from its peers' center in robust units (the
+    /// larger of latency per load and IOPS deficit, each over the peers' spread with its floor).
+    pub median_distance: f64,
+    /// The peers' spread of latency and of IOPS as a robust CV (before the floor; NaN with
+    /// fewer than 3 volumes in the role).
+    pub peer_cv: f64,
+    pub peer_iops_cv: f64,
+    /// Median slowdown factor against the peers' center (latency per load, or IOPS deficit).
+    pub slowdown: f64,
+}
+
+impl Confidence {
+    /// Sets the level from the figures. Errors are their own evidence: an erroring volume is
+    /// sure when most intervals were flagged, whatever its latency.
+    fn finish(mut self, kind: ChokepointKind, opts: &AnalysisOptions) -> Confidence {
+        let mostly = self.flagged_intervals * 2 >= self.intervals.max(1);
+        let clear = self.median_distance >= opts.peer_z && self.slowdown >= opts.min_slowdown
+            || kind == ChokepointKind::Erroring;
+        self.level = if mostly && clear {
+            ConfidenceLevel::Sure
+        } else {
+            ConfidenceLevel::Suspect
+        };
+        self
+    }
+}
+
+/// Sums over a verdict's intervals that the kind and the impact need.
+struct EvidenceSums {
+    /// Mean of IOPS / peers' median IOPS.
+    r_iops_mean: f64,
+    /// Mean cluster IOPS.
+    cluster_iops: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -376,6 +452,9 @@ const FLAGGED: u8 = LAT_PEER | IOPS_PEER | LAT_HIST | ERR;
 /// threshold, while the degraded count does not.
 const DEGRADED: u8 = 16;
 
+/// The volume has a measured point in the interval (set by [`volume_flags`]).
+const PRESENT: u8 = 32;
+
 /// Smallest step (in badness, i.e. log ratio to peers, or in error indicator) the onset split
 /// accepts: ln 1.5, well above the segment means' noise over a 30-interval window.
 const MIN_STEP: f64 = 0.4;
@@ -468,11 +547,36 @@ struct PeerStats {
     iops: Center,
     out_med: f64,
     p99_med: f64,
+    /// Robust relative spread (CV) of the role's latency and IOPS in this interval (NaN with
+    /// fewer than 3 volumes), see [`stats::relative_spread`].
+    lat_spread: f64,
+    iops_spread: f64,
 }
 
-/// Per role, per interval peer statistics, and per interval the cluster's total IOPS.
+/// The peer model of one role: how far apart healthy volumes of the role are, as a CV, pooled
+/// over the run's intervals ([`stats::pooled_spread`]). `None` when no interval had 3 volumes.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoleSpread {
+    lat: Option<f64>,
+    iops: Option<f64>,
+}
+
+impl RoleSpread {
+    /// The sigmas (ln units) the distance rule uses: the pooled spread, at least the floor.
+    /// Without a measured spread (a role of 2: one peer) the floor is doubled, since nothing
+    /// says how far apart two healthy volumes are.
+    fn sigmas(&self, opts: &AnalysisOptions) -> (f64, f64) {
+        let f = opts.spread_floor.max(1e-6);
+        let s = |x: Option<f64>| x.map_or(2.0 * f, |x| x.max(f));
+        (s(self.lat), s(self.iops))
+    }
+}
+
+/// Per role, per interval peer statistics and the role's spread, and per interval the
+/// cluster's total IOPS.
 struct Peers {
     roles: Vec<Vec<PeerStats>>,
+    spread: Vec<RoleSpread>,
     cluster_iops: Vec<f64>,
 }
 
@@ -488,6 +592,8 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
     let mut iops: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
     let mut out: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
     let mut p99: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    let mut scratch = Vec::new();
+    let mut spread = Vec::with_capacity(lay.roles.len());
     for role in &lay.roles {
         let mut cursor = vec![0usize; role.members.len()];
         let mut stats = vec![PeerStats::default(); n];
@@ -535,12 +641,26 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
                     &mut out[slot],
                     &mut p99[slot],
                 );
+                s.lat_spread = stats::relative_spread(&lat[slot], s.lat.median(), &mut scratch)
+                    .unwrap_or(f64::NAN);
+                s.iops_spread = stats::relative_spread(&iops[slot], s.iops.median(), &mut scratch)
+                    .unwrap_or(f64::NAN);
             }
         }
+        let mut pool = |f: fn(&PeerStats) -> f64| {
+            scratch.clear();
+            scratch.extend(stats.iter().map(f));
+            stats::pooled_spread(&mut scratch)
+        };
+        spread.push(RoleSpread {
+            lat: pool(|s| s.lat_spread),
+            iops: pool(|s| s.iops_spread),
+        });
         roles.push(stats);
     }
     Peers {
         roles,
+        spread,
         cluster_iops,
     }
 }
@@ -558,6 +678,8 @@ fn interval_stats(
         iops: iops_c,
         out_med: stats::median(out).unwrap_or(0.0),
         p99_med: stats::median(p99).unwrap_or(0.0),
+        lat_spread: f64::NAN,
+        iops_spread: f64::NAN,
     }
 }
 
@@ -601,32 +723,18 @@ fn relative(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Relative
     }
 }
 
-fn flags(p: &VolumePoint, ps: &PeerStats, hist_p90: Option<f64>, opts: &AnalysisOptions) -> u8 {
-    let rel = relative(p, ps, opts);
+/// Flags a volume's interval earns on its own: latency over a multiple of its own history's
+/// p90 (LAT_HIST, and DEGRADED half-way, geometrically), and errors (ERR).
+fn own_flags(p: &VolumePoint, hist_p90: Option<f64>, opts: &AnalysisOptions) -> u8 {
     let mut f = 0;
-    let mut rule = |ratio: f64, limit: f64, bit: u8| {
-        // ratio and limit are "more is worse" (> 1).
-        if ratio > limit {
-            f |= bit;
+    if let (Some(p90), true) = (hist_p90, has_latency(p)) {
+        let ratio = p.lat_mean_us / p90;
+        if ratio > opts.history_latency_factor {
+            f |= LAT_HIST;
         }
-        if ratio > limit.sqrt() {
+        if ratio > opts.history_latency_factor.sqrt() {
             f |= DEGRADED;
         }
-    };
-    if let Some(r) = rel.r_lat {
-        // Latency normalized by throughput: a volume doing more IOs than its peers may be
-        // slower in proportion without being the problem.
-        rule(
-            r / rel.r_iops.unwrap_or(1.0).max(1.0),
-            opts.peer_latency_factor,
-            LAT_PEER,
-        );
-    }
-    if let (true, Some(r)) = (rel.busy, rel.r_iops) {
-        rule(1.0 / r.max(1e-12), 1.0 / opts.peer_iops_fraction, IOPS_PEER);
-    }
-    if let (Some(p90), true) = (hist_p90, has_latency(p)) {
-        rule(p.lat_mean_us / p90, opts.history_latency_factor, LAT_HIST);
     }
     let errors = p.errors[0] + p.errors[1];
     if errors > 0 {
@@ -638,22 +746,110 @@ fn flags(p: &VolumePoint, ps: &PeerStats, hist_p90: Option<f64>, opts: &Analysis
     f
 }
 
+/// A volume's distance from its peers' center in one interval, in ln units, "more is worse"
+/// (0 when at or better than them): `lat`, its latency normalized by its throughput (a volume
+/// doing more IOs than its peers may be slower in proportion without being the problem), and
+/// `iops`, its IOPS deficit while it has IOs queued (a closed-loop volume shows a slowdown as
+/// lost IOPS as much as added latency). A busy volume that completed nothing is at the cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Distance {
+    lat: f64,
+    iops: f64,
+}
+
+impl Distance {
+    fn of(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Distance {
+        let rel = relative(p, ps, opts);
+        if !has_latency(p) && rel.busy {
+            return Distance {
+                lat: BADNESS_CAP,
+                iops: BADNESS_CAP,
+            };
+        }
+        let lat = rel
+            .r_lat
+            .map_or(0.0, |r| (r / rel.r_iops.unwrap_or(1.0).max(1.0)).ln());
+        let iops = match (rel.busy, rel.r_iops) {
+            (true, Some(r)) => -(r.max(1e-9)).ln(),
+            _ => 0.0,
+        };
+        Distance {
+            lat: lat.clamp(0.0, BADNESS_CAP),
+            iops: iops.clamp(0.0, BADNESS_CAP),
+        }
+    }
+
+    /// In robust units: the larger of the two distances over its peers' sigma.
+    fn robust(&self, sigmas: (f64, f64)) -> f64 {
+        (self.lat / sigmas.0).max(self.iops / sigmas.1)
+    }
+
+    /// The slowdown factor against the peers' center.
+    fn factor(&self) -> f64 {
+        self.lat.max(self.iops).exp()
+    }
+}
+
+/// The peer model's flag rule on a (smoothed) distance: LAT_PEER or IOPS_PEER when a distance
+/// is both statistically clear (over `peer_z` sigmas) and large enough to matter (over
+/// `min_slowdown`); DEGRADED half-way there (in ln units, i.e. geometrically), which the
+/// cluster-wide guard counts.
+fn peer_flags(d: Distance, sigmas: (f64, f64), opts: &AnalysisOptions) -> u8 {
+    let practical = opts.min_slowdown.max(1.0).ln();
+    let mut f = 0;
+    for (x, sigma, bit) in [(d.lat, sigmas.0, LAT_PEER), (d.iops, sigmas.1, IOPS_PEER)] {
+        let limit = practical.max(opts.peer_z * sigma);
+        if x > limit {
+            f |= bit;
+        }
+        if x > limit / 2.0 {
+            f |= DEGRADED;
+        }
+    }
+    f
+}
+
+/// Every interval's flags of one volume (indexed by interval; 0 where it has no point).
+///
+/// The peer rule looks at the median of the distances of the interval and its two neighbours
+/// (the interval itself at the edges of the data): a single slow interval (a GC pause) does not
+/// count, a run of them counts from its first interval to its last, and an interval that
+/// misses the limit by noise inside a slowdown does not reset the score. `buf` is reused.
+fn volume_flags(
+    s: &VolumeSeries,
+    hist: Option<(f64, usize)>,
+    stats: &[PeerStats],
+    sigmas: (f64, f64),
+    lay: &Layout,
+    opts: &AnalysisOptions,
+    buf: &mut Vec<(usize, Distance, u8)>,
+) -> Vec<u8> {
+    buf.clear();
+    for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
+        let i = index(p, lay.interval_ms);
+        let hp = hist.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
+        buf.push((i, Distance::of(p, &stats[i], opts), own_flags(p, hp, opts)));
+    }
+    let mut out = vec![0u8; lay.intervals];
+    for j in 0..buf.len() {
+        let (i, d, own) = buf[j];
+        let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| buf[j - 1].1);
+        let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| x.1);
+        let (a, c) = (prev.unwrap_or(d), next.unwrap_or(d));
+        let smooth = Distance {
+            lat: stats::median3(a.lat, d.lat, c.lat),
+            iops: stats::median3(a.iops, d.iops, c.iops),
+        };
+        out[i] |= PRESENT | own | peer_flags(smooth, sigmas, opts);
+    }
+    out
+}
+
 /// Deviation from peers in one interval, for the onset split: the log of how much slower or
 /// less productive than its peers the volume is (0 when at or better than them).
 fn badness(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> f64 {
-    let rel = relative(p, ps, opts);
-    if !has_latency(p) && rel.busy {
-        return BADNESS_CAP;
-    }
-    let lat = rel
-        .r_lat
-        .map_or(0.0, |r| (r / rel.r_iops.unwrap_or(1.0).max(1.0)).ln());
-    let iops = if rel.busy {
-        rel.r_iops.map_or(0.0, |r| -(r.max(1e-9)).ln())
-    } else {
-        0.0
-    };
-    lat.max(iops).clamp(0.0, BADNESS_CAP)
+    let d = Distance::of(p, ps, opts);
+    d.lat.max(d.iops)
 }
 
 fn error_indicator(p: &VolumePoint) -> f64 {
@@ -782,6 +978,67 @@ impl Persistence {
     }
 }
 
+/// What the first pass over the volumes finds: each volume's flags (own history, peers), how many
+/// volumes of each role are degraded (or flagged) in each interval (the cluster-wide guard
+/// needs these before any volume is scored), and closed-loop depth ratios.
+struct FirstPass {
+    flags: Vec<Vec<u8>>,
+    degraded_count: Vec<Vec<u32>>,
+    depth_ratios: Vec<f64>,
+}
+
+fn first_pass(t: &Timeline, lay: &Layout, peers: &Peers, opts: &AnalysisOptions) -> FirstPass {
+    let n = lay.intervals;
+    let mut fp = FirstPass {
+        flags: Vec::with_capacity(t.volumes.len()),
+        degraded_count: vec![vec![0; n]; lay.roles.len()],
+        depth_ratios: Vec::new(),
+    };
+    let (mut buf, mut dist_buf) = (Vec::new(), Vec::new());
+    for (v, s) in t.volumes.iter().enumerate() {
+        let h = own_history(s, lay, opts, &mut buf);
+        let r = lay.role_of[v];
+        let sigmas = peers.spread[r].sigmas(opts);
+        let f = volume_flags(s, h, &peers.roles[r], sigmas, lay, opts, &mut dist_buf);
+        for (count, &x) in fp.degraded_count[r].iter_mut().zip(&f) {
+            // Degraded or flagged.
+            *count += (x & !PRESENT != 0) as u32;
+        }
+        let (mut out_sum, mut out_n) = (0.0, 0usize);
+        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
+            out_sum += p.outstanding;
+            out_n += 1;
+        }
+        if s.configured_depth > 0 && out_n > 0 {
+            fp.depth_ratios
+                .push(out_sum / out_n as f64 / s.configured_depth as f64);
+        }
+        fp.flags.push(f);
+    }
+    fp
+}
+
+/// Scores every volume's flagged intervals (cluster-wide intervals are neutral).
+fn score_volumes(
+    lay: &Layout,
+    flags: &[Vec<u8>],
+    neutral: &[Vec<bool>],
+    threshold: u32,
+) -> Vec<Persistence> {
+    let mut tracks = Vec::with_capacity(flags.len());
+    for (v, f) in flags.iter().enumerate() {
+        let r = lay.role_of[v];
+        let mut pers = Persistence::default();
+        for (i, &x) in f.iter().enumerate().filter(|(_, x)| **x & PRESENT != 0) {
+            let flagged = (!neutral[r][i]).then_some(x & FLAGGED != 0);
+            pers.step(i, flagged, threshold);
+        }
+        pers.finish(lay.intervals);
+        tracks.push(pers);
+    }
+    tracks
+}
+
 /// Analyzes a run's timeline (complete or the data so far) and names its chokepoint.
 ///
 /// Pure and deterministic: the same timeline and options give the same report. Each volume's
@@ -794,31 +1051,11 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
     let peers = peer_stats(t, &lay);
     let threshold = opts.persistence.max(1);
 
-    // Pass 1 over the volumes: own history, and how many volumes of each role are degraded (or
-    // flagged) in each interval (the cluster-wide guard needs these before any volume is scored).
-    let mut hist: Vec<Option<(f64, usize)>> = Vec::with_capacity(t.volumes.len());
-    let mut degraded_count: Vec<Vec<u32>> = vec![vec![0; n]; lay.roles.len()];
-    let mut buf = Vec::new();
-    let mut depth_ratios: Vec<f64> = Vec::new();
-    for (v, s) in t.volumes.iter().enumerate() {
-        let h = own_history(s, &lay, opts, &mut buf);
-        hist.push(h);
-        let r = lay.role_of[v];
-        let (mut out_sum, mut out_n) = (0.0, 0usize);
-        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
-            let i = index(p, lay.interval_ms);
-            let hp = h.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-            // Degraded or flagged.
-            if flags(p, &peers.roles[r][i], hp, opts) != 0 {
-                degraded_count[r][i] += 1;
-            }
-            out_sum += p.outstanding;
-            out_n += 1;
-        }
-        if s.configured_depth > 0 && out_n > 0 {
-            depth_ratios.push(out_sum / out_n as f64 / s.configured_depth as f64);
-        }
-    }
+    let FirstPass {
+        flags,
+        degraded_count,
+        depth_ratios,
+    } = first_pass(t, &lay, &peers, opts);
 
     // Cluster-wide guard per role: many volumes degraded together, or the role's median latency
     // far above its own history.
@@ -868,34 +1105,14 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         neutral.push(neutral_r);
     }
 
-    // Pass 2: score every volume.
-    let mut tracks: Vec<Persistence> = Vec::with_capacity(t.volumes.len());
-    for (v, s) in t.volumes.iter().enumerate() {
-        let r = lay.role_of[v];
-        let mut pers = Persistence::default();
-        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
-            let i = index(p, lay.interval_ms);
-            if neutral[r][i] {
-                pers.step(i, None, threshold);
-                continue;
-            }
-            let hp = hist[v].filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-            pers.step(
-                i,
-                Some(flags(p, &peers.roles[r][i], hp, opts) & FLAGGED != 0),
-                threshold,
-            );
-        }
-        pers.finish(n);
-        tracks.push(pers);
-    }
+    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
 
     let ctx = Ctx {
         t,
         lay: &lay,
         peers: &peers,
         opts,
-        hist: &hist,
+        flags: &flags,
         neutral: &neutral,
     };
     let volumes: Vec<VolumeScore> = t
@@ -1056,7 +1273,8 @@ struct Ctx<'a> {
     lay: &'a Layout,
     peers: &'a Peers,
     opts: &'a AnalysisOptions,
-    hist: &'a [Option<(f64, usize)>],
+    /// Per volume, each interval's flags ([`volume_flags`]).
+    flags: &'a [Vec<u8>],
     /// Per role, intervals that are cluster-wide events (see the guard in `analyze`).
     neutral: &'a [Vec<bool>],
 }
@@ -1134,8 +1352,8 @@ impl Ctx<'_> {
         let first = self.first_index(v);
         // Errors dominate the episode's flags: the onset is when errors began.
         let (mut err_flags, mut all_flags) = (0u32, 0u32);
-        for (i, p) in self.points(v, e.start, e.last + 1) {
-            let f = flags(p, self.stats(v, i), self.hist_p90(v, i), opts);
+        for (i, _) in self.points(v, e.start, e.last + 1) {
+            let f = self.flags[v][i];
             all_flags += (f & FLAGGED != 0) as u32;
             err_flags += (f & ERR != 0) as u32;
         }
@@ -1143,6 +1361,73 @@ impl Ctx<'_> {
         let onset = self.onset(v, e, erroring);
         let end = (e.last + 1).max(onset + 1);
 
+        let (mut ev, sums, confidence) = self.evidence(v, first, onset, end);
+        let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
+        let pinned = ev.iops_cv <= opts.throttle_cv && sums.r_iops_mean <= 0.8;
+        let kind = if erroring {
+            ChokepointKind::Erroring
+        } else if pinned {
+            let burstable =
+                credit_model.is_some() || s.model.as_ref().is_none_or(|m| m.kind.is_empty());
+            if ev.fine_before && burstable {
+                ChokepointKind::CreditExhaustion
+            } else {
+                ChokepointKind::Throttled
+            }
+        } else {
+            ChokepointKind::FailSlow
+        };
+        ev.credit = credit_model.map(|m| self.credit_check(v, m, first, onset, end));
+
+        // With a known credit model, a cliff to exactly the baseline at the moment the model
+        // predicts from the demand before it is credit exhaustion even when the history before
+        // it is too short to call "fine" on its own (a bucket drained in a few intervals).
+        let kind = match &ev.credit {
+            Some(c)
+                if kind == ChokepointKind::Throttled
+                    && c.onset_matches_forecast
+                    && c.at_baseline =>
+            {
+                ChokepointKind::CreditExhaustion
+            }
+            _ => kind,
+        };
+        let impact = impact(
+            sums.cluster_iops,
+            ev.iops,
+            ev.peer_iops,
+            ev.latency_mean_us,
+            ev.peer_latency_mean_us,
+        );
+        let confidence = confidence.finish(kind, opts);
+        let verdict = VolumeVerdict {
+            node: s.node.clone(),
+            volume: s.volume.clone(),
+            role: s.role.clone(),
+            model: s.model.clone(),
+            kind,
+            onset_ms: self.lay.start_ms(onset),
+            onset_interval: onset,
+            score: e.peak,
+            evidence: ev,
+            confidence,
+            impact,
+        };
+        (verdict, onset)
+    }
+
+    /// The evidence figures of a volume verdict over onset..end (and before the onset), the
+    /// sums the kind and impact need, and the confidence figures.
+    fn evidence(
+        &self,
+        v: usize,
+        first: usize,
+        onset: usize,
+        end: usize,
+    ) -> (Evidence, EvidenceSums, Confidence) {
+        let s = &self.t.volumes[v];
+        let opts = self.opts;
+        let sigmas = self.peers.spread[self.lay.role_of[v]].sigmas(opts);
         let mut ev = Evidence {
             peers: self.lay.roles[self.lay.role_of[v]]
                 .members
@@ -1160,14 +1445,17 @@ impl Ctx<'_> {
             Vec::new(),
             Vec::new(),
         );
+        let (mut dist, mut factor) = (Vec::new(), Vec::new());
         let (mut out, mut little, mut errors, mut ios, mut cluster, mut r_iops_sum) =
             (0.0, 0.0, 0u64, 0u64, 0.0, 0.0);
         for (i, p) in self.points(v, onset, end) {
             let ps = self.stats(v, i);
             let rel = relative(p, ps, opts);
-            let f = flags(p, ps, self.hist_p90(v, i), opts);
+            let d = Distance::of(p, ps, opts);
+            dist.push(d.robust(sigmas));
+            factor.push(d.factor());
             ev.intervals += 1;
-            ev.flagged_intervals += (f & FLAGGED != 0) as u32;
+            ev.flagged_intervals += (self.flags[v][i] & FLAGGED != 0) as u32;
             iops.push(p.iops());
             peer_iops.push(rel.peer_iops.unwrap_or(0.0));
             r_iops_sum += rel.r_iops.unwrap_or(1.0);
@@ -1213,91 +1501,67 @@ impl Ctx<'_> {
         ev.iops_before = (!before.is_empty()).then(|| mean(&before));
         ev.fine_before = before.len() >= opts.persistence as usize
             && stats::median(&mut bad_before).is_some_and(|b| b < 0.3);
-
-        let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
-        let pinned = ev.iops_cv <= opts.throttle_cv && r_iops_sum / k <= 0.8;
-        let kind = if erroring {
-            ChokepointKind::Erroring
-        } else if pinned {
-            let burstable =
-                credit_model.is_some() || s.model.as_ref().is_none_or(|m| m.kind.is_empty());
-            if ev.fine_before && burstable {
-                ChokepointKind::CreditExhaustion
-            } else {
-                ChokepointKind::Throttled
-            }
-        } else {
-            ChokepointKind::FailSlow
+        let spread = self.peers.spread[self.lay.role_of[v]];
+        let confidence = Confidence {
+            level: ConfidenceLevel::Sure,
+            flagged_intervals: ev.flagged_intervals,
+            intervals: ev.intervals,
+            median_distance: stats::median(&mut dist).unwrap_or(0.0),
+            peer_cv: spread.lat.unwrap_or(f64::NAN),
+            peer_iops_cv: spread.iops.unwrap_or(f64::NAN),
+            slowdown: stats::median(&mut factor).unwrap_or(1.0),
         };
+        let sums = EvidenceSums {
+            r_iops_mean: r_iops_sum / k,
+            cluster_iops: cluster / k,
+        };
+        (ev, sums, confidence)
+    }
 
-        if let Some(m) = credit_model {
-            let ts = TimeScales::new(opts).of(s);
-            let pre: Vec<f64> = self
-                .points(v, first, onset)
-                .map(|(_, p)| m.demand(p))
-                .collect();
-            let mut post: Vec<f64> = self
-                .points(v, onset, end)
-                .map(|(_, p)| m.demand(p))
-                .collect();
-            let demand_before = mean(&pre);
-            // The level after the cliff is the median: the bucket empties inside the onset
-            // interval, which is mostly burst, and its mean would lift a baseline of 180 to 250
-            // over 18 intervals.
-            let rate_after = stats::median(&mut post).unwrap_or(0.0);
-            let forecast_onset_ms = (!pre.is_empty())
-                .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
-                .flatten()
-                .map(|s| self.lay.start_ms(first) + (s * 1000.0).round() as u64);
-            let onset_ms = self.lay.start_ms(onset);
-            let matches = forecast_onset_ms.is_some_and(|f| {
-                (f as f64 - onset_ms as f64).abs()
-                    <= opts.forecast_tolerance * f as f64 + 2.0 * self.lay.interval_ms as f64
-            });
-            ev.credit = Some(CreditCheck {
-                model: m.clone(),
-                time_scale: ts,
-                demand_before,
-                forecast_onset_ms,
-                onset_matches_forecast: matches,
-                at_baseline: (rate_after - m.baseline).abs() <= 0.15 * m.baseline,
-                rate_after,
-            });
+    /// Credit-model evidence: the demand before the onset, the forecast onset from a full
+    /// bucket, whether the measured onset matches it, and the rate after.
+    fn credit_check(
+        &self,
+        v: usize,
+        m: CreditModel,
+        first: usize,
+        onset: usize,
+        end: usize,
+    ) -> CreditCheck {
+        let s = &self.t.volumes[v];
+        let opts = self.opts;
+        let ts = TimeScales::new(opts).of(s);
+        let pre: Vec<f64> = self
+            .points(v, first, onset)
+            .map(|(_, p)| m.demand(p))
+            .collect();
+        let mut post: Vec<f64> = self
+            .points(v, onset, end)
+            .map(|(_, p)| m.demand(p))
+            .collect();
+        let demand_before = mean(&pre);
+        // The level after the cliff is the median: the bucket empties inside the onset
+        // interval, which is mostly burst, and its mean would lift a baseline of 180 to 250
+        // over 18 intervals.
+        let rate_after = stats::median(&mut post).unwrap_or(0.0);
+        let forecast_onset_ms = (!pre.is_empty())
+            .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
+            .flatten()
+            .map(|s| self.lay.start_ms(first) + (s * 1000.0).round() as u64);
+        let onset_ms = self.lay.start_ms(onset);
+        let matches = forecast_onset_ms.is_some_and(|f| {
+            (f as f64 - onset_ms as f64).abs()
+                <= opts.forecast_tolerance * f as f64 + 2.0 * self.lay.interval_ms as f64
+        });
+        CreditCheck {
+            time_scale: ts,
+            demand_before,
+            forecast_onset_ms,
+            onset_matches_forecast: matches,
+            at_baseline: (rate_after - m.baseline).abs() <= 0.15 * m.baseline,
+            rate_after,
+            model: m,
         }
-
-        // With a known credit model, a cliff to exactly the baseline at the moment the model
-        // predicts from the demand before it is credit exhaustion even when the history before
-        // it is too short to call "fine" on its own (a bucket drained in a few intervals).
-        let kind = match &ev.credit {
-            Some(c)
-                if kind == ChokepointKind::Throttled
-                    && c.onset_matches_forecast
-                    && c.at_baseline =>
-            {
-                ChokepointKind::CreditExhaustion
-            }
-            _ => kind,
-        };
-        let impact = impact(
-            cluster / k,
-            ev.iops,
-            ev.peer_iops,
-            ev.latency_mean_us,
-            ev.peer_latency_mean_us,
-        );
-        let verdict = VolumeVerdict {
-            node: s.node.clone(),
-            volume: s.volume.clone(),
-            role: s.role.clone(),
-            model: s.model.clone(),
-            kind,
-            onset_ms: self.lay.start_ms(onset),
-            onset_interval: onset,
-            score: e.peak,
-            evidence: ev,
-            impact,
-        };
-        (verdict, onset)
     }
 
     /// See [`Evidence::latency_robust_z`].
@@ -1324,12 +1588,6 @@ impl Ctx<'_> {
         let (m, mad) = stats::median_mad(&mut peer_logs).unwrap_or((0.0, 0.0));
         let sigma = mad * MAD_TO_SIGMA;
         ((sigma > 0.0).then(|| (lat.ln() - m) / sigma), sigma)
-    }
-
-    fn hist_p90(&self, v: usize, i: usize) -> Option<f64> {
-        self.hist[v]
-            .filter(|&(_, from)| i >= from)
-            .map(|(p90, _)| p90)
     }
 }
 

@@ -202,14 +202,15 @@ fn throttled_from_the_start_with_a_known_model() {
 
 #[test]
 fn throttled_from_the_start_but_flagged_only_now_and_then() {
-    // Capped from interval 0 near the IOPS threshold: at 0.55 of its peers on every third
-    // interval and on the first two, 0.42 otherwise. Its persistent run starts at interval 4
-    // (the one at 2 is cancelled by 3), but nothing changed there: the onset is its first.
+    // Capped from interval 0 near the peer model's limit (1.2x, `min_slowdown`): at 0.85 of
+    // its peers (1.18x, not flagged) on every third interval and on the first two, 0.70
+    // otherwise. Through the 3-interval median its persistent run starts at interval 3, but
+    // nothing changed there: the onset is its first.
     let t = cluster(8, 1, 200, |node, _, k| {
         let cap = if k < 2 || k % 3 == 0 {
-            0.55 * 8000.0
+            0.85 * 8000.0
         } else {
-            0.42 * 8000.0
+            0.70 * 8000.0
         };
         (1.0, if node == 5 { cap } else { f64::INFINITY })
     });
@@ -218,7 +219,7 @@ fn throttled_from_the_start_but_flagged_only_now_and_then() {
         panic!("{:?}", r.verdict)
     };
     assert_eq!((v.node.as_str(), v.onset_interval), ("worker-6", 0));
-    assert_eq!(r.volumes[5].episode_start_ms, Some(4000));
+    assert_eq!(r.volumes[5].episode_start_ms, Some(3000));
 }
 
 #[test]
@@ -503,6 +504,7 @@ fn render_text_gives_the_product_sentence() {
             fine_before: true,
             ..Default::default()
         },
+        confidence: Confidence::default(),
         impact: Impact {
             independent_speedup: 2.3,
             barrier_speedup: 16.1,
