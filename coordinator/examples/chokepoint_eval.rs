@@ -3,7 +3,13 @@
 //! ```text
 //! cargo run --release -p lockstep --example chokepoint_eval -- [--seed N] [--scenarios N]
 //!     [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I]
+//!     [--study REPS] [--perf]
 //! ```
+//!
+//! `--study REPS` runs the sensitivity study instead (REPS scenarios a cell: recall against
+//! slowdown factor, peer spread, duration, persistent or intermittent, closed or open loop,
+//! volume or node; precision; no single-volume blame on clean, burst-only and cluster-wide
+//! runs). `--perf` times one analysis at cluster scale (1,000 x 8 x 3,600 by default) alone.
 //!
 //! Prints precision and recall of naming the right volume, single-volume blames on scenarios
 //! where there is no single culprit, node / cluster-wide / load-generator verdicts, the onset
@@ -17,9 +23,12 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use lockstep::chokepoint::{AnalysisOptions, ChokepointReport, Verdict, analyze, render_text};
+use lockstep::chokepoint::{
+    AnalysisOptions, ChokepointReport, ConfidenceLevel, Verdict, analyze, render_text,
+};
 use lockstep::scenario::{
-    self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec,
+    self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec, SensitivitySpec,
+    StudyEffect,
 };
 
 struct Args {
@@ -31,6 +40,8 @@ struct Args {
     volumes: usize,
     intervals: usize,
     only: Option<usize>,
+    study: Option<usize>,
+    perf: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -43,6 +54,8 @@ fn parse_args() -> Result<Args, String> {
         volumes: 8,
         intervals: 3600,
         only: None,
+        study: None,
+        perf: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,9 +72,11 @@ fn parse_args() -> Result<Args, String> {
             "--intervals" => a.intervals = num("--intervals")? as usize,
             "--only" => a.only = Some(num("--only")? as usize),
             "--no-timing" => a.timing = false,
+            "--study" => a.study = Some(num("--study")? as usize),
+            "--perf" => a.perf = true,
             "--verbose" => a.verbose = true,
             "-h" | "--help" => {
-                return Err("usage: chokepoint_eval [--seed N] [--scenarios N] [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I]\n  --only I: analyze scenario I of the suite alone and show its report and the culprit's intervals around the onset".into());
+                return Err("usage: chokepoint_eval [--seed N] [--scenarios N] [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I] [--study REPS] [--perf]\n  --only I: analyze scenario I of the suite alone and show its report and the culprit's intervals around the onset".into());
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -128,6 +143,20 @@ fn main() -> ExitCode {
     if let Some(i) = args.only {
         show_one(args.seed, i, &base);
         return ExitCode::SUCCESS;
+    }
+    if args.study.is_some() || args.perf {
+        let mut ok = true;
+        if let Some(reps) = args.study {
+            ok &= study(args.seed, reps.max(1), &base);
+        }
+        if args.perf {
+            ok &= timing(&args, &base);
+        }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     println!(
         "chokepoint_eval: seed {}, {} scenarios ({} kinds in turn, closed- and open-loop alternating)",
@@ -489,4 +518,259 @@ fn show_one(seed: u64, i: usize, base: &AnalysisOptions) {
             );
         }
     }
+}
+
+/// The sensitivity study (`--study`): detection rate against slowdown factor, peer spread,
+/// duration, persistent or intermittent, closed or open loop, volume or node; and the
+/// scenarios that must get no single-volume blame. Returns whether the goals are met.
+fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
+    const FACTORS: [f64; 7] = [1.1, 1.2, 1.3, 1.5, 2.0, 5.0, 16.0];
+    const CVS: [f64; 4] = [0.001, 0.02, 0.05, 0.10];
+    const DURATIONS: [usize; 3] = [5, 10, 30];
+    const MODES: [LoadMode; 2] = [LoadMode::ClosedLoop, LoadMode::OpenLoop];
+    // (factor, cv, duration, intermittent, mode, node) -> (detected, scenarios)
+    let mut cells: BTreeMap<(usize, usize, usize, bool, usize, bool), (usize, usize)> =
+        BTreeMap::new();
+    let (mut right_blames, mut wrong_blames) = (0usize, 0usize);
+    let mut wrong_by: BTreeMap<String, usize> = BTreeMap::new();
+    let mut controls: BTreeMap<(&str, usize), (usize, usize)> = BTreeMap::new();
+    let mut sure = (0usize, 0usize);
+    let mut k = 0u64;
+    let mut next_rng = || {
+        k += 1;
+        ScenarioRng::new(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03),
+        )
+    };
+    let start = Instant::now();
+    let mut count = 0usize;
+    for (fi, &factor) in FACTORS.iter().enumerate() {
+        for (ci, &cv) in CVS.iter().enumerate() {
+            for &duration in &DURATIONS {
+                for intermittent in [false, true] {
+                    for (mi, &mode) in MODES.iter().enumerate() {
+                        for node in [false, true] {
+                            for _ in 0..reps {
+                                let mut rng = next_rng();
+                                let spec = SensitivitySpec {
+                                    effect: if node {
+                                        StudyEffect::Node
+                                    } else {
+                                        StudyEffect::Volume
+                                    },
+                                    mode,
+                                    factor,
+                                    cv,
+                                    duration,
+                                    intermittent,
+                                    nodes: rng.int(4, 12),
+                                    volumes_per_node: rng.int(if node { 2 } else { 1 }, 4),
+                                    intervals: 240,
+                                };
+                                let sc = scenario::generate_sensitivity(&spec, &mut rng);
+                                let r = analyze(&sc.timeline, &sc.options(base));
+                                count += 1;
+                                let (right, wrong) = blames(&sc.label.expected, &r);
+                                right_blames += right;
+                                wrong_blames += wrong;
+                                if wrong > 0 {
+                                    *wrong_by
+                                        .entry(format!(
+                                            "{} {}x",
+                                            if node { "node" } else { "volume" },
+                                            factor
+                                        ))
+                                        .or_default() += wrong;
+                                }
+                                let found =
+                                    right > 0 && matches_main(&sc.label.expected, &r.verdict);
+                                if let (true, Verdict::Volume(v)) = (found, &r.verdict) {
+                                    sure.1 += 1;
+                                    sure.0 +=
+                                        (v.confidence.level == ConfidenceLevel::Sure) as usize;
+                                }
+                                let c = cells
+                                    .entry((fi, ci, duration, intermittent, mi, node))
+                                    .or_default();
+                                c.0 += found as usize;
+                                c.1 += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (name, effect) in [
+        ("clean", StudyEffect::Clean),
+        ("burst-only", StudyEffect::BurstOnly),
+        ("cluster-wide", StudyEffect::ClusterWide),
+    ] {
+        for (ci, &cv) in CVS.iter().enumerate() {
+            for &mode in &MODES {
+                for _ in 0..reps * 4 {
+                    let mut rng = next_rng();
+                    let spec = SensitivitySpec {
+                        effect,
+                        mode,
+                        factor: rng.range(1.5, 10.0),
+                        cv,
+                        duration: 0,
+                        intermittent: false,
+                        nodes: rng.int(4, 12),
+                        volumes_per_node: rng.int(1, 4),
+                        intervals: 240,
+                    };
+                    let sc = scenario::generate_sensitivity(&spec, &mut rng);
+                    let r = analyze(&sc.timeline, &sc.options(base));
+                    count += 1;
+                    let (right, wrong) = blames(&sc.label.expected, &r);
+                    right_blames += right;
+                    wrong_blames += wrong;
+                    if wrong > 0 {
+                        *wrong_by.entry(name.to_string()).or_default() += wrong;
+                    }
+                    let single = std::iter::once(&r.verdict)
+                        .chain(&r.also)
+                        .any(|v| matches!(v, Verdict::Volume(_)));
+                    let c = controls.entry((name, ci)).or_default();
+                    c.0 += single as usize;
+                    c.1 += 1;
+                }
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+
+    let rate = |pred: &dyn Fn(usize, usize, usize, bool, usize, bool) -> bool| -> (usize, usize) {
+        cells
+            .iter()
+            .filter(|(k, _)| pred(k.0, k.1, k.2, k.3, k.4, k.5))
+            .fold((0, 0), |a, (_, &(x, y))| (a.0 + x, a.1 + y))
+    };
+    let fmt = |(x, y): (usize, usize)| {
+        if y == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", x as f64 / y as f64)
+        }
+    };
+    println!(
+        "sensitivity study: seed {seed}, {reps} scenarios a cell, {count} scenarios (240 intervals, 4-12 nodes x 1-4 volumes, one role) in {secs:.1} s"
+    );
+    let header = |title: &str| {
+        print!("\n{title}\n{:>7}", "factor");
+        for cv in CVS {
+            print!(" {:>8}", format!("cv {}%", cv * 100.0));
+        }
+        println!();
+    };
+    for &duration in &DURATIONS {
+        for intermittent in [false, true] {
+            header(&format!(
+                "recall, {} slowdown lasting {duration} intervals (closed and open loop, volume and node):",
+                if intermittent {
+                    "intermittent (4 slow, 2 normal)"
+                } else {
+                    "persistent"
+                }
+            ));
+            for (fi, f) in FACTORS.iter().enumerate() {
+                print!("{:>6}x", f);
+                for ci in 0..CVS.len() {
+                    print!(
+                        " {:>8}",
+                        fmt(rate(&|f2, c, d, i, _, _| f2 == fi
+                            && c == ci
+                            && d == duration
+                            && i == intermittent))
+                    );
+                }
+                println!();
+            }
+        }
+    }
+    println!("\nrecall by loop and target, persistent, 10 intervals, cv <= 5%:");
+    println!(
+        "{:>7} {:>12} {:>12} {:>12} {:>12}",
+        "factor", "closed vol", "open vol", "closed node", "open node"
+    );
+    for (fi, f) in FACTORS.iter().enumerate() {
+        print!("{:>6}x", f);
+        for (mi, node) in [(0, false), (1, false), (0, true), (1, true)] {
+            print!(
+                " {:>12}",
+                fmt(rate(&|f2, c, d, i, m, n| f2 == fi
+                    && c <= 2
+                    && d == 10
+                    && !i
+                    && m == mi
+                    && n == node))
+            );
+        }
+        println!();
+    }
+    println!("\nsingle-volume blames on scenarios without a culprit (closed and open loop):");
+    print!("{:>13}", "");
+    for cv in CVS {
+        print!(" {:>8}", format!("cv {}%", cv * 100.0));
+    }
+    println!();
+    let mut no_single = true;
+    for name in ["clean", "burst-only", "cluster-wide"] {
+        print!("{name:>13}");
+        for ci in 0..CVS.len() {
+            let (x, y) = controls[&(name, ci)];
+            no_single &= x == 0;
+            print!(" {:>8}", format!("{x}/{y}"));
+        }
+        println!();
+    }
+    let precision = right_blames as f64 / (right_blames + wrong_blames).max(1) as f64;
+    let goal = rate(&|f, c, d, i, _, _| f >= 2 && c <= 2 && d >= 10 && !i);
+    let goal_recall = goal.0 as f64 / goal.1.max(1) as f64;
+    println!(
+        "\nprecision {precision:.3} ({right_blames} right blames, {wrong_blames} wrong, over all {count} scenarios)"
+    );
+    println!("wrong blames by scenario: {wrong_by:?}");
+    println!(
+        "recall for persistent slowdowns >= 1.3x lasting >= 10 intervals with peer cv <= 5%: {goal_recall:.3} ({} of {})",
+        goal.0, goal.1
+    );
+    println!(
+        "right volume verdicts that are sure: {} of {} (the rest: suspect, not yet sure)",
+        sure.0, sure.1
+    );
+    let ok = goal_recall >= 0.95 && precision >= 0.98 && no_single;
+    println!(
+        "study goals (recall >= 0.95 there, precision >= 0.98, no single-volume blame without a culprit): {}",
+        if ok { "met" } else { "MISSED" }
+    );
+    ok
+}
+
+/// Whether a verdict names what the label expects.
+fn matches_main(expected: &Expected, v: &Verdict) -> bool {
+    match (expected, v) {
+        (Expected::Volume { node, volume, .. }, Verdict::Volume(v)) => {
+            &v.node == node && &v.volume == volume
+        }
+        (Expected::Node { node }, Verdict::Node(n)) => &n.node == node,
+        _ => false,
+    }
+}
+
+/// Right and wrong blames (volume and node verdicts, main and weaker) of a report.
+fn blames(expected: &Expected, r: &ChokepointReport) -> (usize, usize) {
+    let (mut right, mut wrong) = (0, 0);
+    for v in std::iter::once(&r.verdict).chain(&r.also) {
+        if matches!(v, Verdict::Volume(_) | Verdict::Node(_)) {
+            if matches_main(expected, v) {
+                right += 1
+            } else {
+                wrong += 1
+            }
+        }
+    }
+    (right, wrong)
 }

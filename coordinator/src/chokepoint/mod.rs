@@ -435,6 +435,10 @@ pub struct ChokepointReport {
     /// Queue-depth evidence when the closed-loop volumes keep fewer IOs in flight than
     /// configured (also when it is not the verdict).
     pub load_generator: Option<LoadGeneratorEvidence>,
+    /// Volumes persistent enough to be named whose typical interval is near the limits
+    /// ([`ConfidenceLevel::Suspect`]): suspects, not yet sure, and not blamed.
+    #[serde(default)]
+    pub suspects: Vec<VolumeVerdict>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1145,7 +1149,20 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         })
         .collect();
 
-    let mut candidates = node_and_volume_verdicts(&ctx, &suspects);
+    // Volume findings the finder is not sure of are suspects, not verdicts.
+    let (mut candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
+        .into_iter()
+        .partition(|(c, _)| match c {
+            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
+            _ => true,
+        });
+    let suspects: Vec<VolumeVerdict> = not_sure
+        .into_iter()
+        .filter_map(|(c, _)| match c {
+            Verdict::Volume(v) => Some(v),
+            _ => None,
+        })
+        .collect();
     let cluster = cluster_verdict(&ctx, &cluster_eps);
     let load_generator = load_generator_evidence(&depth_ratios, opts);
 
@@ -1223,6 +1240,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         cluster_episodes,
         forecasts,
         load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
+        suspects,
     }
 }
 
@@ -1336,7 +1354,10 @@ impl Ctx<'_> {
             .collect();
         let vals: Vec<f64> = xs.iter().map(|&(_, x)| x).collect();
         let hint = xs.iter().position(|&(i, _)| i >= e.start).unwrap_or(0);
-        match stats::step_onset(&vals, MIN_STEP, hint) {
+        // A step as small as the smallest slowdown flagged is a step (0.8 of it: the segment
+        // medians carry some noise); the fixed minimum alone would miss a 1.3x onset.
+        let min_step = MIN_STEP.min(0.8 * self.opts.min_slowdown.max(1.0).ln());
+        match stats::step_onset(&vals, min_step, hint) {
             Some(k) => xs[k].0,
             // A window that is bad throughout has no step to find: bad since the volume's first
             // interval (its first intervals merely missed a threshold), or since its last
@@ -1361,7 +1382,19 @@ impl Ctx<'_> {
         let onset = self.onset(v, e, erroring);
         let end = (e.last + 1).max(onset + 1);
 
-        let (mut ev, sums, confidence) = self.evidence(v, first, onset, end);
+        let (mut ev, sums, mut confidence) = self.evidence(v, first, onset, end);
+        // How sure: over the whole episode, from its first flagged interval (or the onset, if
+        // earlier) to its last. A volume that drifted to the threshold on marginal intervals
+        // and then had a burst is not sure, however bad the burst.
+        let sigmas = self.peers.spread[self.lay.role_of[v]].sigmas(opts);
+        let (mut dist, mut factor) = (Vec::new(), Vec::new());
+        for (i, p) in self.points(v, e.start.min(onset), end) {
+            let d = Distance::of(p, self.stats(v, i), opts);
+            dist.push(d.robust(sigmas));
+            factor.push(d.factor());
+        }
+        confidence.median_distance = stats::median(&mut dist).unwrap_or(0.0);
+        confidence.slowdown = stats::median(&mut factor).unwrap_or(1.0);
         let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
         let pinned = ev.iops_cv <= opts.throttle_cv && sums.r_iops_mean <= 0.8;
         let kind = if erroring {
@@ -1427,7 +1460,6 @@ impl Ctx<'_> {
     ) -> (Evidence, EvidenceSums, Confidence) {
         let s = &self.t.volumes[v];
         let opts = self.opts;
-        let sigmas = self.peers.spread[self.lay.role_of[v]].sigmas(opts);
         let mut ev = Evidence {
             peers: self.lay.roles[self.lay.role_of[v]]
                 .members
@@ -1445,15 +1477,11 @@ impl Ctx<'_> {
             Vec::new(),
             Vec::new(),
         );
-        let (mut dist, mut factor) = (Vec::new(), Vec::new());
         let (mut out, mut little, mut errors, mut ios, mut cluster, mut r_iops_sum) =
             (0.0, 0.0, 0u64, 0u64, 0.0, 0.0);
         for (i, p) in self.points(v, onset, end) {
             let ps = self.stats(v, i);
             let rel = relative(p, ps, opts);
-            let d = Distance::of(p, ps, opts);
-            dist.push(d.robust(sigmas));
-            factor.push(d.factor());
             ev.intervals += 1;
             ev.flagged_intervals += (self.flags[v][i] & FLAGGED != 0) as u32;
             iops.push(p.iops());
@@ -1506,10 +1534,10 @@ impl Ctx<'_> {
             level: ConfidenceLevel::Sure,
             flagged_intervals: ev.flagged_intervals,
             intervals: ev.intervals,
-            median_distance: stats::median(&mut dist).unwrap_or(0.0),
+            median_distance: 0.0,
             peer_cv: spread.lat.unwrap_or(f64::NAN),
             peer_iops_cv: spread.iops.unwrap_or(f64::NAN),
-            slowdown: stats::median(&mut factor).unwrap_or(1.0),
+            slowdown: 1.0,
         };
         let sums = EvidenceSums {
             r_iops_mean: r_iops_sum / k,
@@ -1627,11 +1655,14 @@ fn node_and_volume_verdicts(
         *node_sizes.entry(s.node.as_str()).or_default() += 1;
     }
     let mut out = Vec::new();
-    for (node, group) in by_node {
+    for (node, mut group) in by_node {
         let total = node_sizes[node];
         let together =
             group.iter().map(|(_, e)| e.start).max() <= group.iter().map(|(_, e)| e.last).min();
         let needed = ((ctx.opts.node_fraction * total as f64).ceil() as usize).max(2);
+        if together && total >= 2 && group.len() < needed {
+            add_companions(ctx, node, &mut group);
+        }
         if total >= 2 && group.len() >= needed && together {
             out.push(node_verdict(ctx, node, total, &group));
         } else {
@@ -1643,6 +1674,39 @@ fn node_and_volume_verdicts(
         }
     }
     out
+}
+
+/// Adds to a node's suspects the other volumes of the node that were degraded (at least
+/// half-way to flagged) in most of the suspects' common window without reaching the score
+/// themselves. A slowdown of a whole node
+/// near the limits brings some of its volumes to the threshold and leaves others just short;
+/// blaming those that made it one by one would name volumes for what is the node.
+fn add_companions(ctx: &Ctx, node: &str, group: &mut Vec<(usize, Episode)>) {
+    let from = group.iter().map(|(_, e)| e.start).max().unwrap_or(0);
+    let to = group.iter().map(|(_, e)| e.last).min().unwrap_or(0) + 1;
+    let Some(&(_, like)) = group.first() else {
+        return;
+    };
+    for (v, s) in ctx.t.volumes.iter().enumerate() {
+        if s.node != node || group.iter().any(|&(u, _)| u == v) {
+            continue;
+        }
+        let (mut flagged, mut seen) = (0usize, 0usize);
+        for (i, _) in ctx.points(v, from, to) {
+            seen += 1;
+            flagged += (ctx.flags[v][i] & (FLAGGED | DEGRADED) != 0) as usize;
+        }
+        if seen > 0 && flagged * 2 >= seen {
+            let e = Episode {
+                start: from,
+                blamed_at: from,
+                last: to - 1,
+                peak: 0,
+                ..like
+            };
+            group.push((v, e));
+        }
+    }
 }
 
 fn node_verdict(

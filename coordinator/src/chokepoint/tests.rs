@@ -203,14 +203,14 @@ fn throttled_from_the_start_with_a_known_model() {
 #[test]
 fn throttled_from_the_start_but_flagged_only_now_and_then() {
     // Capped from interval 0 near the peer model's limit (1.2x, `min_slowdown`): at 0.85 of
-    // its peers (1.18x, not flagged) on every third interval and on the first two, 0.70
-    // otherwise. Through the 3-interval median its persistent run starts at interval 3, but
+    // its peers (1.18x, not flagged) on every third interval and on the first two, 0.75
+    // (1.33x) otherwise. Through the 3-interval median its persistent run starts at interval 3, but
     // nothing changed there: the onset is its first.
     let t = cluster(8, 1, 200, |node, _, k| {
         let cap = if k < 2 || k % 3 == 0 {
             0.85 * 8000.0
         } else {
-            0.70 * 8000.0
+            0.75 * 8000.0
         };
         (1.0, if node == 5 { cap } else { f64::INFINITY })
     });
@@ -520,6 +520,7 @@ fn render_text_gives_the_product_sentence() {
         volumes: vec![],
         cluster_episodes: vec![],
         forecasts: vec![],
+        suspects: Vec::new(),
         load_generator: None,
     };
     let text = render_text(&r);
