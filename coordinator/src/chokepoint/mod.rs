@@ -813,6 +813,35 @@ fn peer_flags(d: Distance, sigmas: (f64, f64), opts: &AnalysisOptions) -> u8 {
     f
 }
 
+/// A volume's own standing among its peers: its median distance over its history window (the
+/// first minute after the warm-up), for each figure whose standing is within the peers' spread
+/// (under `peer_z` sigmas), else 0. Healthy volumes of one kind are not identical: one may sit
+/// persistently 1.2x slower than the middle of its peers, and a wobble on top of that is not a
+/// slowdown. Later distances are measured from that standing. A volume already clearly out in
+/// its first minute (throttled from the start) keeps its distances from the peers' center.
+/// Zero until half the window has data.
+fn own_standing(
+    buf: &[(usize, Distance, u8)],
+    sigmas: (f64, f64),
+    opts: &AnalysisOptions,
+) -> Distance {
+    let from = opts.warmup_intervals;
+    let to = from + opts.history_intervals.max(1);
+    let in_window = || buf.iter().filter(|x| x.0 >= from && x.0 < to);
+    if in_window().count() * 2 < opts.history_intervals.max(1) {
+        return Distance::default();
+    }
+    let standing = |f: fn(&Distance) -> f64, sigma: f64| {
+        let mut xs: Vec<f64> = in_window().map(|x| f(&x.1)).collect();
+        let m = stats::median(&mut xs).unwrap_or(0.0);
+        if m < opts.peer_z * sigma { m } else { 0.0 }
+    };
+    Distance {
+        lat: standing(|d| d.lat, sigmas.0),
+        iops: standing(|d| d.iops, sigmas.1),
+    }
+}
+
 /// Every interval's flags of one volume (indexed by interval; 0 where it has no point).
 ///
 /// The peer rule looks at the median of the distances of the interval and its two neighbours
@@ -834,11 +863,20 @@ fn volume_flags(
         let hp = hist.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
         buf.push((i, Distance::of(p, &stats[i], opts), own_flags(p, hp, opts)));
     }
+    let base = own_standing(buf, sigmas, opts);
     let mut out = vec![0u8; lay.intervals];
     for j in 0..buf.len() {
         let (i, d, own) = buf[j];
-        let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| buf[j - 1].1);
-        let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| x.1);
+        let d = Distance {
+            lat: (d.lat - base.lat).max(0.0),
+            iops: (d.iops - base.iops).max(0.0),
+        };
+        let shift = |x: Distance| Distance {
+            lat: (x.lat - base.lat).max(0.0),
+            iops: (x.iops - base.iops).max(0.0),
+        };
+        let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| shift(buf[j - 1].1));
+        let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| shift(x.1));
         let (a, c) = (prev.unwrap_or(d), next.unwrap_or(d));
         let smooth = Distance {
             lat: stats::median3(a.lat, d.lat, c.lat),
