@@ -533,6 +533,7 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
         BTreeMap::new();
     let (mut right_blames, mut wrong_blames) = (0usize, 0usize);
     let mut wrong_by: BTreeMap<String, usize> = BTreeMap::new();
+    let mut misses: Vec<String> = Vec::new();
     let mut controls: BTreeMap<(&str, usize), (usize, usize)> = BTreeMap::new();
     let mut sure = (0usize, 0usize);
     let mut k = 0u64;
@@ -629,6 +630,13 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
                     wrong_blames += wrong;
                     if wrong > 0 {
                         *wrong_by.entry(name.to_string()).or_default() += wrong;
+                        misses.push(format!(
+                            "{name} {:?} cv {cv} {}x{}: {}",
+                            mode,
+                            spec.nodes,
+                            spec.volumes_per_node,
+                            render_text(&r).lines().next().unwrap_or_default()
+                        ));
                     }
                     let single = std::iter::once(&r.verdict)
                         .chain(&r.also)
@@ -733,6 +741,9 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
         "\nprecision {precision:.3} ({right_blames} right blames, {wrong_blames} wrong, over all {count} scenarios)"
     );
     println!("wrong blames by scenario: {wrong_by:?}");
+    for m in &misses {
+        println!("  {m}");
+    }
     println!(
         "recall for persistent slowdowns >= 1.3x lasting >= 10 intervals with peer cv <= 5%: {goal_recall:.3} ({} of {})",
         goal.0, goal.1

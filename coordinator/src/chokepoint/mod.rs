@@ -7,25 +7,32 @@
 //! docs/domain.md#fail-slow):
 //! 1. Peers are the volumes of the same role (same workload). Per interval and role the finder
 //!    takes robust statistics of latency, IOPS and queue depth (median, median without the
-//!    volume itself, MAD in the log domain).
-//! 2. A volume's interval is *flagged* when its latency, normalized by its throughput, is more
-//!    than 5x its peers' median; or its IOPS are below half its peers' while it has IOs queued
-//!    (a throttled closed-loop volume completes fewer IOs at a higher latency); or its latency is
-//!    more than 3x the p90 of its own history; or it returns errors.
+//!    volume itself) and the peer model: the role's robust spread of latency and of IOPS (MAD
+//!    as a CV, small-sample corrected, pooled over the run, floored at
+//!    [`AnalysisOptions::spread_floor`]).
+//! 2. A volume's interval is *flagged* when the median of its and its neighbours' distance from
+//!    the peers' center (latency normalized by throughput, or IOPS deficit while it has IOs
+//!    queued; measured from its own standing when that is within the spread) is both over
+//!    [`AnalysisOptions::peer_z`] robust sigmas and over [`AnalysisOptions::min_slowdown`];
+//!    or its latency is more than 3x the p90 of its own history; or it returns errors.
 //! 3. Score +1 per flagged interval, -1 per clean one, floored at 0; a volume becomes a suspect
 //!    only when its score reaches [`AnalysisOptions::persistence`] (hysteresis: it stays one
 //!    until the score is back at 0). Bursts and garbage-collection spikes are shorter than that.
+//!    A suspect is blamed only when its episode is clearly out ([`ConfidenceLevel::Sure`]);
+//!    otherwise it is listed in [`ChokepointReport::suspects`], not yet sure.
 //! 4. Guards: intervals where more than a third of a role is degraded together (half-way to
-//!    flagged), or where the role's median latency is 2x its own history, are cluster-wide and
-//!    do not count against a single volume, nor do the intervals around a persistent run of
-//!    them; suspects that are all the volumes of one node are a node-level limit.
+//!    flagged), or where the role's median latency is 1.5x its own history, are cluster-wide
+//!    and do not count against a single volume, nor do the intervals around a persistent run
+//!    of them; suspects that are most of the volumes of one node (with its other volumes
+//!    degraded alongside) are a node-level limit.
 //! 5. For the chokepoint: the onset (two-segment split of its deviation from its peers), the
-//!    kind (throttled, credit exhaustion, fail-slow, erroring) with the evidence figures, and the
-//!    impact on the cluster. Volumes with a credit model get a forecast of when credits run out.
+//!    kind (throttled, credit exhaustion, fail-slow, erroring) with the evidence figures, the
+//!    confidence, and the impact on the cluster. Volumes with a credit model get a forecast of
+//!    when credits run out.
 //!
 //! Cost: one pass per interval block to build the peer statistics (selection, not sorting) and
-//! two streaming passes over each volume's points; memory is O(intervals x roles + volumes),
-//! never a copy of the points, so the live view can call it on the data so far every few
+//! two streaming passes over each volume's points; memory is O(intervals x roles + volumes)
+//! plus one flag byte per volume and interval, never a copy of the points, so the live view can call it on the data so far every few
 //! seconds.
 
 mod credit;
@@ -87,7 +94,9 @@ pub struct AnalysisOptions {
     pub cluster_fraction: f64,
     /// A role whose median latency exceeds this multiple of its own history median is slowed
     /// cluster-wide even when no single volume crosses its own 3x rule (a role median is far
-    /// less noisy than one volume, so 2x is already well outside it).
+    /// less noisy than one volume, so 1.5x is already well outside it). 1.5x rather than 2x
+    /// since the peer model sees 1.2x: a whole role slowed 1.5x, each volume a little
+    /// differently, otherwise leaves one volume 1.2x above the rest after the onset and blamed.
     pub cluster_latency_factor: f64,
     /// Suspects covering at least this fraction of one node's volumes (and at least 2) are a
     /// node-level limit (instance bandwidth, CPU), not a volume.
@@ -129,7 +138,7 @@ impl Default for AnalysisOptions {
             warmup_intervals: 0,
             persistence: 10,
             cluster_fraction: 1.0 / 3.0,
-            cluster_latency_factor: 2.0,
+            cluster_latency_factor: 1.5,
             node_fraction: 0.75,
             throttle_cv: 0.1,
             error_fraction: 0.0,
@@ -449,8 +458,8 @@ const LAT_HIST: u8 = 4;
 const ERR: u8 = 8;
 /// Flags that count towards a volume's score.
 const FLAGGED: u8 = LAT_PEER | IOPS_PEER | LAT_HIST | ERR;
-/// Degraded, without being flagged: past the geometric half-way point of a rule (IOPS below
-/// 0.71x the peers', latency above 2.2x theirs or 1.7x its own p90). The cluster-wide guard
+/// Degraded, without being flagged: past the geometric half-way point of a rule (half the
+/// peer model's limit in ln units, or latency above 1.7x its own p90). The cluster-wide guard
 /// counts these too: when a third or half of a role slows down together, the peers' median
 /// moves into the slow group now and then and the flagged count flickers around the guard's
 /// threshold, while the degraded count does not.
