@@ -472,9 +472,9 @@ const PRESENT: u8 = 32;
 /// accepts: ln 1.5, well above the segment means' noise over a 30-interval window.
 const MIN_STEP: f64 = 0.4;
 
-/// Badness (log deviation from peers) is capped (at 150x) so one dead interval does not
-/// outweigh a whole segment in the onset split.
-const BADNESS_CAP: f64 = 5.0;
+/// Badness (log deviation from peers) is capped at e^5 (about 150x) so one dead interval does
+/// not outweigh a whole segment in the onset split.
+const CAP_RATIO: f64 = 148.413_159_102_576_6;
 
 struct Role {
     name: String,
@@ -607,6 +607,7 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
     let mut p99: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
     let mut scratch = Vec::new();
     let mut spread = Vec::with_capacity(lay.roles.len());
+    let stride = n.div_ceil(512).max(1);
     for role in &lay.roles {
         let mut cursor = vec![0usize; role.members.len()];
         let mut stats = vec![PeerStats::default(); n];
@@ -654,6 +655,11 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
                     &mut out[slot],
                     &mut p99[slot],
                 );
+                // The spread is pooled over the run: a sample of up to ~512 intervals
+                // estimates it as well as all of them, at a fraction of the selections.
+                if (block + slot) % stride != 0 {
+                    continue;
+                }
                 s.lat_spread = stats::relative_spread(&lat[slot], s.lat.median(), &mut scratch)
                     .unwrap_or(f64::NAN);
                 s.iops_spread = stats::relative_spread(&iops[slot], s.iops.median(), &mut scratch)
@@ -772,23 +778,33 @@ struct Distance {
 
 impl Distance {
     fn of(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Distance {
+        let r = Distance::ratios(p, ps, opts);
+        Distance {
+            lat: r.lat.ln(),
+            iops: r.iops.ln(),
+        }
+    }
+
+    /// The same as factors (exp of the distances, 1 when at or better than the peers), which
+    /// is what the flag rule compares: no logarithm per point.
+    fn ratios(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Distance {
         let rel = relative(p, ps, opts);
         if !has_latency(p) && rel.busy {
             return Distance {
-                lat: BADNESS_CAP,
-                iops: BADNESS_CAP,
+                lat: CAP_RATIO,
+                iops: CAP_RATIO,
             };
         }
         let lat = rel
             .r_lat
-            .map_or(0.0, |r| (r / rel.r_iops.unwrap_or(1.0).max(1.0)).ln());
+            .map_or(1.0, |r| r / rel.r_iops.unwrap_or(1.0).max(1.0));
         let iops = match (rel.busy, rel.r_iops) {
-            (true, Some(r)) => -(r.max(1e-9)).ln(),
-            _ => 0.0,
+            (true, Some(r)) => 1.0 / r.max(1e-9),
+            _ => 1.0,
         };
         Distance {
-            lat: lat.clamp(0.0, BADNESS_CAP),
-            iops: iops.clamp(0.0, BADNESS_CAP),
+            lat: lat.clamp(1.0, CAP_RATIO),
+            iops: iops.clamp(1.0, CAP_RATIO),
         }
     }
 
@@ -807,19 +823,45 @@ impl Distance {
 /// is both statistically clear (over `peer_z` sigmas) and large enough to matter (over
 /// `min_slowdown`); DEGRADED half-way there (in ln units, i.e. geometrically), which the
 /// cluster-wide guard counts.
-fn peer_flags(d: Distance, sigmas: (f64, f64), opts: &AnalysisOptions) -> u8 {
-    let practical = opts.min_slowdown.max(1.0).ln();
+fn peer_flags(d: Distance, lim: &Limits) -> u8 {
     let mut f = 0;
-    for (x, sigma, bit) in [(d.lat, sigmas.0, LAT_PEER), (d.iops, sigmas.1, IOPS_PEER)] {
-        let limit = practical.max(opts.peer_z * sigma);
-        if x > limit {
-            f |= bit;
-        }
-        if x > limit / 2.0 {
-            f |= DEGRADED;
-        }
+    if d.lat > lim.lat_flag {
+        f |= LAT_PEER;
+    }
+    if d.iops > lim.iops_flag {
+        f |= IOPS_PEER;
+    }
+    if d.lat > lim.lat_degraded || d.iops > lim.iops_degraded {
+        f |= DEGRADED;
     }
     f
+}
+
+/// The peer rule's limits as factors (see [`peer_flags`]), and the largest standing that is
+/// within the spread (see [`own_standing`]).
+struct Limits {
+    lat_flag: f64,
+    lat_degraded: f64,
+    iops_flag: f64,
+    iops_degraded: f64,
+    lat_within: f64,
+    iops_within: f64,
+}
+
+impl Limits {
+    fn new(sigmas: (f64, f64), opts: &AnalysisOptions) -> Limits {
+        let practical = opts.min_slowdown.max(1.0).ln();
+        let limit = |sigma: f64| practical.max(opts.peer_z * sigma);
+        let (l, i) = (limit(sigmas.0), limit(sigmas.1));
+        Limits {
+            lat_flag: l.exp(),
+            lat_degraded: (l / 2.0).exp(),
+            iops_flag: i.exp(),
+            iops_degraded: (i / 2.0).exp(),
+            lat_within: (opts.peer_z * sigmas.0).exp(),
+            iops_within: (opts.peer_z * sigmas.1).exp(),
+        }
+    }
 }
 
 /// A volume's own standing among its peers: its median distance over its history window (the
@@ -829,25 +871,25 @@ fn peer_flags(d: Distance, sigmas: (f64, f64), opts: &AnalysisOptions) -> u8 {
 /// slowdown. Later distances are measured from that standing. A volume already clearly out in
 /// its first minute (throttled from the start) keeps its distances from the peers' center.
 /// Zero until half the window has data.
-fn own_standing(
-    buf: &[(usize, Distance, u8)],
-    sigmas: (f64, f64),
-    opts: &AnalysisOptions,
-) -> Distance {
+fn own_standing(buf: &[(usize, Distance, u8)], lim: &Limits, opts: &AnalysisOptions) -> Distance {
     let from = opts.warmup_intervals;
     let to = from + opts.history_intervals.max(1);
     let in_window = || buf.iter().filter(|x| x.0 >= from && x.0 < to);
+    let none = Distance {
+        lat: 1.0,
+        iops: 1.0,
+    };
     if in_window().count() * 2 < opts.history_intervals.max(1) {
-        return Distance::default();
+        return none;
     }
-    let standing = |f: fn(&Distance) -> f64, sigma: f64| {
+    let standing = |f: fn(&Distance) -> f64, within: f64| {
         let mut xs: Vec<f64> = in_window().map(|x| f(&x.1)).collect();
-        let m = stats::median(&mut xs).unwrap_or(0.0);
-        if m < opts.peer_z * sigma { m } else { 0.0 }
+        let m = stats::median(&mut xs).unwrap_or(1.0);
+        if m < within { m } else { 1.0 }
     };
     Distance {
-        lat: standing(|d| d.lat, sigmas.0),
-        iops: standing(|d| d.iops, sigmas.1),
+        lat: standing(|d| d.lat, lim.lat_within),
+        iops: standing(|d| d.iops, lim.iops_within),
     }
 }
 
@@ -870,20 +912,22 @@ fn volume_flags(
     for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
         let i = index(p, lay.interval_ms);
         let hp = hist.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-        buf.push((i, Distance::of(p, &stats[i], opts), own_flags(p, hp, opts)));
+        buf.push((
+            i,
+            Distance::ratios(p, &stats[i], opts),
+            own_flags(p, hp, opts),
+        ));
     }
-    let base = own_standing(buf, sigmas, opts);
+    let lim = Limits::new(sigmas, opts);
+    let base = own_standing(buf, &lim, opts);
+    let shift = |x: Distance| Distance {
+        lat: (x.lat / base.lat).max(1.0),
+        iops: (x.iops / base.iops).max(1.0),
+    };
     let mut out = vec![0u8; lay.intervals];
     for j in 0..buf.len() {
         let (i, d, own) = buf[j];
-        let d = Distance {
-            lat: (d.lat - base.lat).max(0.0),
-            iops: (d.iops - base.iops).max(0.0),
-        };
-        let shift = |x: Distance| Distance {
-            lat: (x.lat - base.lat).max(0.0),
-            iops: (x.iops - base.iops).max(0.0),
-        };
+        let d = shift(d);
         let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| shift(buf[j - 1].1));
         let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| shift(x.1));
         let (a, c) = (prev.unwrap_or(d), next.unwrap_or(d));
@@ -891,7 +935,7 @@ fn volume_flags(
             lat: stats::median3(a.lat, d.lat, c.lat),
             iops: stats::median3(a.iops, d.iops, c.iops),
         };
-        out[i] |= PRESENT | own | peer_flags(smooth, sigmas, opts);
+        out[i] |= PRESENT | own | peer_flags(smooth, &lim);
     }
     out
 }
