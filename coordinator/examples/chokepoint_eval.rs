@@ -1,7 +1,7 @@
 //! Evaluates the chokepoint finder on labeled scenarios and times it at cluster scale.
 //!
 //! ```text
-//! cargo run --release -p lockstep --example chokepoint_eval -- [--seed N] [--scenarios N]
+//! cargo run --release -p lockstep --features scenarios --example chokepoint_eval -- [--seed N] [--scenarios N]
 //!     [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I]
 //!     [--study REPS] [--perf]
 //! ```

@@ -45,6 +45,10 @@ pub mod registry;
 pub mod report;
 pub mod results;
 pub mod run;
+/// Labeled synthetic runs for the chokepoint finder's tests and its evaluation example: test
+/// support, not part of the shipped library (the `scenarios` feature, which the example
+/// requires, builds it outside tests).
+#[cfg(any(test, feature = "scenarios"))]
 pub mod scenario;
 pub mod signals;
 pub mod sweep;
