@@ -819,19 +819,21 @@ impl Distance {
     }
 }
 
-/// The peer model's flag rule on a (smoothed) distance: LAT_PEER or IOPS_PEER when a distance
-/// is both statistically clear (over `peer_z` sigmas) and large enough to matter (over
-/// `min_slowdown`); DEGRADED half-way there (in ln units, i.e. geometrically), which the
-/// cluster-wide guard counts.
-fn peer_flags(d: Distance, lim: &Limits) -> u8 {
+/// The peer model's flag rule on a smoothed distance (the median of 3 intervals): LAT_PEER or
+/// IOPS_PEER when it is both statistically clear (over `peer_z` sigmas) and large enough to
+/// matter (over `min_slowdown`), and the interval itself is at least half-way there: the median
+/// carries a slowdown over an interval that missed the limit by noise, not over a normal one
+/// between a burst and a GC pause. DEGRADED half-way there (in ln units, i.e. geometrically),
+/// which the cluster-wide guard counts.
+fn peer_flags(smooth: Distance, raw: Distance, lim: &Limits) -> u8 {
     let mut f = 0;
-    if d.lat > lim.lat_flag {
+    if smooth.lat > lim.lat_flag && raw.lat > lim.lat_degraded {
         f |= LAT_PEER;
     }
-    if d.iops > lim.iops_flag {
+    if smooth.iops > lim.iops_flag && raw.iops > lim.iops_degraded {
         f |= IOPS_PEER;
     }
-    if d.lat > lim.lat_degraded || d.iops > lim.iops_degraded {
+    if smooth.lat > lim.lat_degraded || smooth.iops > lim.iops_degraded {
         f |= DEGRADED;
     }
     f
@@ -935,7 +937,7 @@ fn volume_flags(
             lat: stats::median3(a.lat, d.lat, c.lat),
             iops: stats::median3(a.iops, d.iops, c.iops),
         };
-        out[i] |= PRESENT | own | peer_flags(smooth, &lim);
+        out[i] |= PRESENT | own | peer_flags(smooth, d, &lim);
     }
     out
 }
