@@ -524,18 +524,7 @@ fn show_one(seed: u64, i: usize, base: &AnalysisOptions) {
 /// duration, persistent or intermittent, closed or open loop, volume or node; and the
 /// scenarios that must get no single-volume blame. Returns whether the goals are met.
 fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
-    const FACTORS: [f64; 7] = [1.1, 1.2, 1.3, 1.5, 2.0, 5.0, 16.0];
-    const CVS: [f64; 4] = [0.001, 0.02, 0.05, 0.10];
-    const DURATIONS: [usize; 3] = [5, 10, 30];
-    const MODES: [LoadMode; 2] = [LoadMode::ClosedLoop, LoadMode::OpenLoop];
-    // (factor, cv, duration, intermittent, mode, node) -> (detected, scenarios)
-    let mut cells: BTreeMap<(usize, usize, usize, bool, usize, bool), (usize, usize)> =
-        BTreeMap::new();
-    let (mut right_blames, mut wrong_blames) = (0usize, 0usize);
-    let mut wrong_by: BTreeMap<String, usize> = BTreeMap::new();
-    let mut misses: Vec<String> = Vec::new();
-    let mut controls: BTreeMap<(&str, usize), (usize, usize)> = BTreeMap::new();
-    let mut sure = (0usize, 0usize);
+    let mut st = Study::default();
     let mut k = 0u64;
     let mut next_rng = || {
         k += 1;
@@ -544,57 +533,54 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
         )
     };
     let start = Instant::now();
-    let mut count = 0usize;
+    study_grid(&mut st, reps, base, &mut next_rng);
+    study_controls(&mut st, reps, base, &mut next_rng);
+    println!(
+        "sensitivity study: seed {seed}, {reps} scenarios a cell, {} scenarios (240 intervals, 4-12 nodes x 1-4 volumes, one role) in {:.1} s",
+        st.count,
+        start.elapsed().as_secs_f64()
+    );
+    print_study(&st)
+}
+
+const FACTORS: [f64; 7] = [1.1, 1.2, 1.3, 1.5, 2.0, 5.0, 16.0];
+const CVS: [f64; 4] = [0.001, 0.02, 0.05, 0.10];
+const DURATIONS: [usize; 3] = [5, 10, 30];
+const MODES: [LoadMode; 2] = [LoadMode::ClosedLoop, LoadMode::OpenLoop];
+
+/// (factor, cv, duration, intermittent, mode, node) indices.
+type Cell = (usize, usize, usize, bool, usize, bool);
+
+#[derive(Default)]
+struct Study {
+    /// Per cell: (detected, scenarios).
+    cells: BTreeMap<Cell, (usize, usize)>,
+    /// Per (control, cv): (runs with a single-volume blame, runs).
+    controls: BTreeMap<(&'static str, usize), (usize, usize)>,
+    right_blames: usize,
+    wrong_blames: usize,
+    wrong_by: BTreeMap<String, usize>,
+    misses: Vec<String>,
+    /// Right volume verdicts that are sure, of right volume verdicts.
+    sure: (usize, usize),
+    count: usize,
+}
+
+fn study_grid(
+    st: &mut Study,
+    reps: usize,
+    base: &AnalysisOptions,
+    next_rng: &mut dyn FnMut() -> ScenarioRng,
+) {
     for (fi, &factor) in FACTORS.iter().enumerate() {
-        for (ci, &cv) in CVS.iter().enumerate() {
+        for ci in 0..CVS.len() {
             for &duration in &DURATIONS {
                 for intermittent in [false, true] {
-                    for (mi, &mode) in MODES.iter().enumerate() {
+                    for mi in 0..MODES.len() {
                         for node in [false, true] {
                             for _ in 0..reps {
-                                let mut rng = next_rng();
-                                let spec = SensitivitySpec {
-                                    effect: if node {
-                                        StudyEffect::Node
-                                    } else {
-                                        StudyEffect::Volume
-                                    },
-                                    mode,
-                                    factor,
-                                    cv,
-                                    duration,
-                                    intermittent,
-                                    nodes: rng.int(4, 12),
-                                    volumes_per_node: rng.int(if node { 2 } else { 1 }, 4),
-                                    intervals: 240,
-                                };
-                                let sc = scenario::generate_sensitivity(&spec, &mut rng);
-                                let r = analyze(&sc.timeline, &sc.options(base));
-                                count += 1;
-                                let (right, wrong) = blames(&sc.label.expected, &r);
-                                right_blames += right;
-                                wrong_blames += wrong;
-                                if wrong > 0 {
-                                    *wrong_by
-                                        .entry(format!(
-                                            "{} {}x",
-                                            if node { "node" } else { "volume" },
-                                            factor
-                                        ))
-                                        .or_default() += wrong;
-                                }
-                                let found =
-                                    right > 0 && matches_main(&sc.label.expected, &r.verdict);
-                                if let (true, Verdict::Volume(v)) = (found, &r.verdict) {
-                                    sure.1 += 1;
-                                    sure.0 +=
-                                        (v.confidence.level == ConfidenceLevel::Sure) as usize;
-                                }
-                                let c = cells
-                                    .entry((fi, ci, duration, intermittent, mi, node))
-                                    .or_default();
-                                c.0 += found as usize;
-                                c.1 += 1;
+                                let cell = (fi, ci, duration, intermittent, mi, node);
+                                study_one(st, cell, factor, base, &mut next_rng());
                             }
                         }
                     }
@@ -602,6 +588,59 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
             }
         }
     }
+}
+
+fn study_one(
+    st: &mut Study,
+    cell: Cell,
+    factor: f64,
+    base: &AnalysisOptions,
+    rng: &mut ScenarioRng,
+) {
+    let (_, ci, duration, intermittent, mi, node) = cell;
+    let spec = SensitivitySpec {
+        effect: if node {
+            StudyEffect::Node
+        } else {
+            StudyEffect::Volume
+        },
+        mode: MODES[mi],
+        factor,
+        cv: CVS[ci],
+        duration,
+        intermittent,
+        nodes: rng.int(4, 12),
+        volumes_per_node: rng.int(if node { 2 } else { 1 }, 4),
+        intervals: 240,
+    };
+    let sc = scenario::generate_sensitivity(&spec, rng);
+    let r = analyze(&sc.timeline, &sc.options(base));
+    st.count += 1;
+    let (right, wrong) = blames(&sc.label.expected, &r);
+    st.right_blames += right;
+    st.wrong_blames += wrong;
+    if wrong > 0 {
+        let target = if node { "node" } else { "volume" };
+        *st.wrong_by
+            .entry(format!("{target} {factor}x"))
+            .or_default() += wrong;
+    }
+    let found = right > 0 && matches_main(&sc.label.expected, &r.verdict);
+    if let (true, Verdict::Volume(v)) = (found, &r.verdict) {
+        st.sure.1 += 1;
+        st.sure.0 += (v.confidence.level == ConfidenceLevel::Sure) as usize;
+    }
+    let c = st.cells.entry(cell).or_default();
+    c.0 += found as usize;
+    c.1 += 1;
+}
+
+fn study_controls(
+    st: &mut Study,
+    reps: usize,
+    base: &AnalysisOptions,
+    next_rng: &mut dyn FnMut() -> ScenarioRng,
+) {
     for (name, effect) in [
         ("clean", StudyEffect::Clean),
         ("burst-only", StudyEffect::BurstOnly),
@@ -624,15 +663,14 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
                     };
                     let sc = scenario::generate_sensitivity(&spec, &mut rng);
                     let r = analyze(&sc.timeline, &sc.options(base));
-                    count += 1;
+                    st.count += 1;
                     let (right, wrong) = blames(&sc.label.expected, &r);
-                    right_blames += right;
-                    wrong_blames += wrong;
+                    st.right_blames += right;
+                    st.wrong_blames += wrong;
                     if wrong > 0 {
-                        *wrong_by.entry(name.to_string()).or_default() += wrong;
-                        misses.push(format!(
-                            "{name} {:?} cv {cv} {}x{}: {}",
-                            mode,
+                        *st.wrong_by.entry(name.to_string()).or_default() += wrong;
+                        st.misses.push(format!(
+                            "{name} {mode:?} cv {cv} {}x{}: {}",
                             spec.nodes,
                             spec.volumes_per_node,
                             render_text(&r).lines().next().unwrap_or_default()
@@ -641,19 +679,21 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
                     let single = std::iter::once(&r.verdict)
                         .chain(&r.also)
                         .any(|v| matches!(v, Verdict::Volume(_)));
-                    let c = controls.entry((name, ci)).or_default();
+                    let c = st.controls.entry((name, ci)).or_default();
                     c.0 += single as usize;
                     c.1 += 1;
                 }
             }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+}
 
-    let rate = |pred: &dyn Fn(usize, usize, usize, bool, usize, bool) -> bool| -> (usize, usize) {
-        cells
+/// Prints the study's tables; returns whether its goals are met.
+fn print_study(st: &Study) -> bool {
+    let rate = |pred: &dyn Fn(&Cell) -> bool| -> (usize, usize) {
+        st.cells
             .iter()
-            .filter(|(k, _)| pred(k.0, k.1, k.2, k.3, k.4, k.5))
+            .filter(|(k, _)| pred(k))
             .fold((0, 0), |a, (_, &(x, y))| (a.0 + x, a.1 + y))
     };
     let fmt = |(x, y): (usize, usize)| {
@@ -663,10 +703,7 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
             format!("{:.2}", x as f64 / y as f64)
         }
     };
-    println!(
-        "sensitivity study: seed {seed}, {reps} scenarios a cell, {count} scenarios (240 intervals, 4-12 nodes x 1-4 volumes, one role) in {secs:.1} s"
-    );
-    let header = |title: &str| {
+    let cv_header = |title: &str| {
         print!("\n{title}\n{:>7}", "factor");
         for cv in CVS {
             print!(" {:>8}", format!("cv {}%", cv * 100.0));
@@ -675,7 +712,7 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
     };
     for &duration in &DURATIONS {
         for intermittent in [false, true] {
-            header(&format!(
+            cv_header(&format!(
                 "recall, {} slowdown lasting {duration} intervals (closed and open loop, volume and node):",
                 if intermittent {
                     "intermittent (4 slow, 2 normal)"
@@ -686,13 +723,9 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
             for (fi, f) in FACTORS.iter().enumerate() {
                 print!("{:>6}x", f);
                 for ci in 0..CVS.len() {
-                    print!(
-                        " {:>8}",
-                        fmt(rate(&|f2, c, d, i, _, _| f2 == fi
-                            && c == ci
-                            && d == duration
-                            && i == intermittent))
-                    );
+                    let r =
+                        rate(&|c| c.0 == fi && c.1 == ci && c.2 == duration && c.3 == intermittent);
+                    print!(" {:>8}", fmt(r));
                 }
                 println!();
             }
@@ -706,15 +739,9 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
     for (fi, f) in FACTORS.iter().enumerate() {
         print!("{:>6}x", f);
         for (mi, node) in [(0, false), (1, false), (0, true), (1, true)] {
-            print!(
-                " {:>12}",
-                fmt(rate(&|f2, c, d, i, m, n| f2 == fi
-                    && c <= 2
-                    && d == 10
-                    && !i
-                    && m == mi
-                    && n == node))
-            );
+            let r =
+                rate(&|c| c.0 == fi && c.1 <= 2 && c.2 == 10 && !c.3 && c.4 == mi && c.5 == node);
+            print!(" {:>12}", fmt(r));
         }
         println!();
     }
@@ -728,20 +755,22 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
     for name in ["clean", "burst-only", "cluster-wide"] {
         print!("{name:>13}");
         for ci in 0..CVS.len() {
-            let (x, y) = controls[&(name, ci)];
+            let (x, y) = st.controls[&(name, ci)];
             no_single &= x == 0;
             print!(" {:>8}", format!("{x}/{y}"));
         }
         println!();
     }
-    let precision = right_blames as f64 / (right_blames + wrong_blames).max(1) as f64;
-    let goal = rate(&|f, c, d, i, _, _| f >= 2 && c <= 2 && d >= 10 && !i);
+    let precision = st.right_blames as f64 / (st.right_blames + st.wrong_blames).max(1) as f64;
+    // FACTORS[2] is 1.3x, CVS[2] 5%.
+    let goal = rate(&|c| c.0 >= 2 && c.1 <= 2 && c.2 >= 10 && !c.3);
     let goal_recall = goal.0 as f64 / goal.1.max(1) as f64;
     println!(
-        "\nprecision {precision:.3} ({right_blames} right blames, {wrong_blames} wrong, over all {count} scenarios)"
+        "\nprecision {precision:.3} ({} right blames, {} wrong, over all {} scenarios)",
+        st.right_blames, st.wrong_blames, st.count
     );
-    println!("wrong blames by scenario: {wrong_by:?}");
-    for m in &misses {
+    println!("wrong blames by scenario: {:?}", st.wrong_by);
+    for m in &st.misses {
         println!("  {m}");
     }
     println!(
@@ -750,7 +779,7 @@ fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
     );
     println!(
         "right volume verdicts that are sure: {} of {} (the rest: suspect, not yet sure)",
-        sure.0, sure.1
+        st.sure.0, st.sure.1
     );
     let ok = goal_recall >= 0.95 && precision >= 0.98 && no_single;
     println!(
