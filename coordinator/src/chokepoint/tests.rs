@@ -899,3 +899,44 @@ proptest! {
         prop_assert!(no_single_volume(&analyze(&clean.timeline, &AnalysisOptions::default())));
     }
 }
+
+#[test]
+fn confidence_is_sure_only_when_the_typical_interval_is_clearly_out() {
+    let opts = AnalysisOptions::default();
+    let c = |flagged, distance, slowdown| Confidence {
+        level: ConfidenceLevel::Sure,
+        flagged_intervals: flagged,
+        intervals: 40,
+        median_distance: distance,
+        peer_cv: 0.02,
+        peer_iops_cv: 0.01,
+        slowdown,
+    };
+    let level = |x: Confidence, kind| x.finish(kind, &opts).level;
+    assert_eq!(
+        level(c(30, 5.0, 1.5), ChokepointKind::FailSlow),
+        ConfidenceLevel::Sure
+    );
+    // Few intervals flagged, a typical interval within 3 sigmas, or under 1.2x: a suspect.
+    assert_eq!(
+        level(c(10, 5.0, 1.5), ChokepointKind::FailSlow),
+        ConfidenceLevel::Suspect
+    );
+    assert_eq!(
+        level(c(30, 2.0, 1.5), ChokepointKind::Throttled),
+        ConfidenceLevel::Suspect
+    );
+    assert_eq!(
+        level(c(30, 5.0, 1.1), ChokepointKind::FailSlow),
+        ConfidenceLevel::Suspect
+    );
+    // Errors are their own evidence.
+    assert_eq!(
+        level(c(30, 0.0, 1.0), ChokepointKind::Erroring),
+        ConfidenceLevel::Sure
+    );
+    // The state is serialized in results.
+    let json =
+        serde_json::to_string(&c(10, 2.0, 1.1).finish(ChokepointKind::FailSlow, &opts)).unwrap();
+    assert!(json.contains(r#""level":"suspect""#), "{json}");
+}
