@@ -362,6 +362,9 @@ pub struct NodeVerdict {
     /// Robust coefficient of variation of the node's total IOPS after the onset: low means a
     /// shared ceiling (instance IOPS or bandwidth cap).
     pub iops_cv: f64,
+    /// How sure, over all its degraded volumes (a node verdict is made whatever the level).
+    #[serde(default)]
+    pub confidence: Confidence,
     pub impact: Impact,
 }
 
@@ -1862,9 +1865,42 @@ fn node_verdict(
         iops,
         peer_iops,
         iops_cv,
+        confidence: node_confidence(ctx, group, onset, end),
         impact: impact(cluster, iops, peer_iops, lat, peer_lat),
     };
     (Verdict::Node(v), (score, onset))
+}
+
+/// A node verdict's confidence: the same figures as a volume's, over all its degraded volumes
+/// from the onset to the end of their episodes.
+fn node_confidence(ctx: &Ctx, group: &[(usize, Episode)], onset: usize, end: usize) -> Confidence {
+    let (mut dist, mut factor, mut flagged, mut intervals) = (Vec::new(), Vec::new(), 0, 0);
+    let mut peer_cv = (f64::NAN, f64::NAN);
+    for &(v, _) in group {
+        let spread = ctx.peers.spread[ctx.lay.role_of[v]];
+        peer_cv = (
+            spread.lat.unwrap_or(f64::NAN),
+            spread.iops.unwrap_or(f64::NAN),
+        );
+        let sigmas = spread.sigmas(ctx.opts);
+        for (i, p) in ctx.points(v, onset, end) {
+            let d = Distance::of(p, ctx.stats(v, i), ctx.opts);
+            dist.push(d.robust(sigmas));
+            factor.push(d.factor());
+            intervals += 1;
+            flagged += (ctx.flags[v][i] & FLAGGED != 0) as u32;
+        }
+    }
+    Confidence {
+        level: ConfidenceLevel::Sure,
+        flagged_intervals: flagged,
+        intervals,
+        median_distance: stats::median(&mut dist).unwrap_or(0.0),
+        peer_cv: peer_cv.0,
+        peer_iops_cv: peer_cv.1,
+        slowdown: stats::median(&mut factor).unwrap_or(1.0),
+    }
+    .finish(ChokepointKind::Throttled, ctx.opts)
 }
 
 fn cluster_verdict(ctx: &Ctx, eps: &[(usize, Episode)]) -> Option<Verdict> {

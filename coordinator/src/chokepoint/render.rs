@@ -125,6 +125,9 @@ fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
                 more(n.impact.independent_speedup),
                 small_gain_note(n.impact.independent_speedup, n.impact.barrier_speedup, "node"),
             );
+            if detail {
+                let _ = writeln!(s, "  {}", confidence_text(&n.confidence));
+            }
         }
         Verdict::ClusterWide(c) => {
             let _ = writeln!(

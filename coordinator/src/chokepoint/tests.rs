@@ -940,3 +940,29 @@ fn confidence_is_sure_only_when_the_typical_interval_is_clearly_out() {
         serde_json::to_string(&c(10, 2.0, 1.1).finish(ChokepointKind::FailSlow, &opts)).unwrap();
     assert!(json.contains(r#""level":"suspect""#), "{json}");
 }
+
+#[test]
+fn a_node_verdict_says_how_sure_it_is() {
+    // worker-4's three volumes capped at 1,000 IOPS (peers do 8,000) from interval 200.
+    let t = cluster(6, 3, 400, |node, _, k| {
+        (
+            1.0,
+            if node == 3 && k >= 200 {
+                1000.0
+            } else {
+                f64::INFINITY
+            },
+        )
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(n.confidence.level, ConfidenceLevel::Sure);
+    assert!(
+        (n.confidence.slowdown - 8.0).abs() < 0.5,
+        "{:?}",
+        n.confidence
+    );
+    assert!(render_text(&r).contains("confidence: sure"));
+}
