@@ -876,7 +876,11 @@ impl Limits {
 /// slowdown. Later distances are measured from that standing. A volume already clearly out in
 /// its first minute (throttled from the start) keeps its distances from the peers' center.
 /// Zero until half the window has data.
-fn own_standing(buf: &[(usize, Distance, u8)], lim: &Limits, opts: &AnalysisOptions) -> Distance {
+fn own_standing(
+    buf: &[(usize, Distance, u8, f64)],
+    lim: &Limits,
+    opts: &AnalysisOptions,
+) -> Distance {
     let from = opts.warmup_intervals;
     let to = from + opts.history_intervals.max(1);
     let in_window = || buf.iter().filter(|x| x.0 >= from && x.0 < to);
@@ -903,7 +907,8 @@ fn own_standing(buf: &[(usize, Distance, u8)], lim: &Limits, opts: &AnalysisOpti
 /// The peer rule looks at the median of the distances of the interval and its two neighbours
 /// (the interval itself at the edges of the data): a single slow interval (a GC pause) does not
 /// count, a run of them counts from its first interval to its last, and an interval that
-/// misses the limit by noise inside a slowdown does not reset the score. `buf` is reused.
+/// misses the limit by noise inside a slowdown does not reset the score. `buf` is reused; it
+/// keeps each point's outstanding IOs too, so the caller needs no second pass over the points.
 fn volume_flags(
     s: &VolumeSeries,
     hist: Option<(f64, usize)>,
@@ -911,17 +916,14 @@ fn volume_flags(
     sigmas: (f64, f64),
     lay: &Layout,
     opts: &AnalysisOptions,
-    buf: &mut Vec<(usize, Distance, u8)>,
+    buf: &mut Vec<(usize, Distance, u8, f64)>,
 ) -> Vec<u8> {
     buf.clear();
     for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
         let i = index(p, lay.interval_ms);
         let hp = hist.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-        buf.push((
-            i,
-            Distance::ratios(p, &stats[i], opts),
-            own_flags(p, hp, opts),
-        ));
+        let d = Distance::ratios(p, &stats[i], opts);
+        buf.push((i, d, own_flags(p, hp, opts), p.outstanding));
     }
     let lim = Limits::new(sigmas, opts);
     let base = own_standing(buf, &lim, opts);
@@ -931,7 +933,7 @@ fn volume_flags(
     };
     let mut out = vec![0u8; lay.intervals];
     for j in 0..buf.len() {
-        let (i, d, own) = buf[j];
+        let (i, d, own, _) = buf[j];
         let d = shift(d);
         let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| shift(buf[j - 1].1));
         let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| shift(x.1));
@@ -1104,14 +1106,11 @@ fn first_pass(t: &Timeline, lay: &Layout, peers: &Peers, opts: &AnalysisOptions)
             // Degraded or flagged.
             *count += (x & !PRESENT != 0) as u32;
         }
-        let (mut out_sum, mut out_n) = (0.0, 0usize);
-        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
-            out_sum += p.outstanding;
-            out_n += 1;
-        }
-        if s.configured_depth > 0 && out_n > 0 {
+        if s.configured_depth > 0 && !dist_buf.is_empty() {
+            // The same pass over the points summed the outstanding IOs (see `volume_flags`).
+            let out_sum: f64 = dist_buf.iter().map(|x| x.3).sum();
             fp.depth_ratios
-                .push(out_sum / out_n as f64 / s.configured_depth as f64);
+                .push(out_sum / dist_buf.len() as f64 / s.configured_depth as f64);
         }
         fp.flags.push(f);
     }
