@@ -846,8 +846,8 @@ pub fn generate_sensitivity(spec: &SensitivitySpec, rng: &mut ScenarioRng) -> Sc
         }
         StudyEffect::Node => {
             let node = culprit / m;
-            for v in node * m..(node + 1) * m {
-                vols[v].effect = slow;
+            for vol in &mut vols[node * m..(node + 1) * m] {
+                vol.effect = slow;
             }
             let e = Expected::Node {
                 node: series[node * m].node.clone(),
