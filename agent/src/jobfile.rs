@@ -1869,7 +1869,7 @@ mod tests {
 
     #[test]
     fn continue_on_error_and_ignore_error_follow_fio_and_bad_values_name_their_line() {
-        use crate::errpolicy::ErrorKind;
+        use crate::job::errpolicy::ErrorKind;
         assert!(!job("rw=read").on_error.is_set(), "fio's default is none");
         let j = job("continue_on_error=all");
         assert!(j.on_error.survives(ErrorKind::Read, libc::EIO));

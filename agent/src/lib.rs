@@ -9,7 +9,7 @@
 //! - `rate`: the pure open-loop scheduler (intended issue times for `rate_iops`/`rate`);
 //! - `engine/`: the small engine contract (queue, commit, reap) and its implementations:
 //!   io_uring, pread/pwrite worker threads, null;
-//! - `errpolicy`: fio's `continue_on_error`/`ignore_error`: which IO and verify errors a job
+//! - `job::errpolicy`: fio's `continue_on_error`/`ignore_error`: which IO and verify errors a job
 //!   counts and goes on after;
 //! - `stats`: latency histograms (HdrHistogram, 3 significant digits) and counters;
 //! - `confine`: where a job may touch files, and opens that cannot leave a volume;
@@ -30,7 +30,6 @@ pub mod budget;
 pub mod confine;
 pub mod daemon;
 pub mod engine;
-pub mod errpolicy;
 pub mod fault;
 pub mod job;
 pub mod jobfile;

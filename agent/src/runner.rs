@@ -20,8 +20,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::budget;
 use crate::engine::{self, Completion, IoOp};
-use crate::errpolicy::{self, ErrorCount, ErrorKind};
 use crate::fault::{Admission, IoFault, IoGate, Outcome};
+use crate::job::errpolicy::{self, ErrorCount, ErrorKind};
 use crate::job::{Direction, EngineKind, JobSpec};
 use crate::layout::{self, CreatedFiles, LayoutError, LayoutProgress, PlannedFile};
 use crate::limits;

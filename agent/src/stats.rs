@@ -188,7 +188,7 @@ pub struct JobStats {
     pub stuck_count: u64,
     /// Errors counted under `continue_on_error` (fio's `total_err` and `first_error`); the
     /// per-direction `errors` count every failed IO whatever the policy.
-    pub errors: crate::errpolicy::ErrorCount,
+    pub errors: crate::job::errpolicy::ErrorCount,
 }
 
 impl JobStats {

@@ -1,9 +1,15 @@
 //! Evaluates the chokepoint finder on labeled scenarios and times it at cluster scale.
 //!
 //! ```text
-//! cargo run --release -p lockstep --example chokepoint_eval -- [--seed N] [--scenarios N]
+//! cargo run --release -p lockstep --features scenarios --example chokepoint_eval -- [--seed N] [--scenarios N]
 //!     [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I]
+//!     [--study REPS] [--perf]
 //! ```
+//!
+//! `--study REPS` runs the sensitivity study instead (REPS scenarios a cell: recall against
+//! slowdown factor, peer spread, duration, persistent or intermittent, closed or open loop,
+//! volume or node; precision; no single-volume blame on clean, burst-only and cluster-wide
+//! runs). `--perf` times one analysis at cluster scale (1,000 x 8 x 3,600 by default) alone.
 //!
 //! Prints precision and recall of naming the right volume, single-volume blames on scenarios
 //! where there is no single culprit, node / cluster-wide / load-generator verdicts, the onset
@@ -18,10 +24,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use lockstep::analysis::chokepoint::{
-    AnalysisOptions, ChokepointReport, Verdict, analyze, render_text,
+    AnalysisOptions, ChokepointReport, ConfidenceLevel, Verdict, analyze, render_text,
 };
 use lockstep::scenario::{
-    self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec,
+    self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec, SensitivitySpec,
+    StudyEffect,
 };
 
 struct Args {
@@ -33,6 +40,8 @@ struct Args {
     volumes: usize,
     intervals: usize,
     only: Option<usize>,
+    study: Option<usize>,
+    perf: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -45,6 +54,8 @@ fn parse_args() -> Result<Args, String> {
         volumes: 8,
         intervals: 3600,
         only: None,
+        study: None,
+        perf: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -61,9 +72,11 @@ fn parse_args() -> Result<Args, String> {
             "--intervals" => a.intervals = num("--intervals")? as usize,
             "--only" => a.only = Some(num("--only")? as usize),
             "--no-timing" => a.timing = false,
+            "--study" => a.study = Some(num("--study")? as usize),
+            "--perf" => a.perf = true,
             "--verbose" => a.verbose = true,
             "-h" | "--help" => {
-                return Err("usage: chokepoint_eval [--seed N] [--scenarios N] [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I]\n  --only I: analyze scenario I of the suite alone and show its report and the culprit's intervals around the onset".into());
+                return Err("usage: chokepoint_eval [--seed N] [--scenarios N] [--no-timing] [--verbose] [--nodes N --volumes N --intervals N] [--only I] [--study REPS] [--perf]\n  --only I: analyze scenario I of the suite alone and show its report and the culprit's intervals around the onset".into());
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -130,6 +143,20 @@ fn main() -> ExitCode {
     if let Some(i) = args.only {
         show_one(args.seed, i, &base);
         return ExitCode::SUCCESS;
+    }
+    if args.study.is_some() || args.perf {
+        let mut ok = true;
+        if let Some(reps) = args.study {
+            ok &= study(args.seed, reps.max(1), &base);
+        }
+        if args.perf {
+            ok &= timing(&args, &base);
+        }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     println!(
         "chokepoint_eval: seed {}, {} scenarios ({} kinds in turn, closed- and open-loop alternating)",
@@ -491,4 +518,299 @@ fn show_one(seed: u64, i: usize, base: &AnalysisOptions) {
             );
         }
     }
+}
+
+/// The sensitivity study (`--study`): detection rate against slowdown factor, peer spread,
+/// duration, persistent or intermittent, closed or open loop, volume or node; and the
+/// scenarios that must get no single-volume blame. Returns whether the goals are met.
+fn study(seed: u64, reps: usize, base: &AnalysisOptions) -> bool {
+    let mut st = Study::default();
+    let mut k = 0u64;
+    let mut next_rng = || {
+        k += 1;
+        ScenarioRng::new(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03),
+        )
+    };
+    let start = Instant::now();
+    study_grid(&mut st, reps, base, &mut next_rng);
+    study_controls(&mut st, reps, base, &mut next_rng);
+    println!(
+        "sensitivity study: seed {seed}, {reps} scenarios a cell, {} scenarios (240 intervals, 4-12 nodes x 1-4 volumes, one role) in {:.1} s",
+        st.count,
+        start.elapsed().as_secs_f64()
+    );
+    print_study(&st)
+}
+
+const FACTORS: [f64; 7] = [1.1, 1.2, 1.3, 1.5, 2.0, 5.0, 16.0];
+const CVS: [f64; 4] = [0.001, 0.02, 0.05, 0.10];
+const DURATIONS: [usize; 3] = [5, 10, 30];
+const MODES: [LoadMode; 2] = [LoadMode::ClosedLoop, LoadMode::OpenLoop];
+
+/// (factor, cv, duration, intermittent, mode, node) indices.
+type Cell = (usize, usize, usize, bool, usize, bool);
+
+#[derive(Default)]
+struct Study {
+    /// Per cell: (detected, scenarios).
+    cells: BTreeMap<Cell, (usize, usize)>,
+    /// Per (control, cv): (runs with a single-volume blame, runs).
+    controls: BTreeMap<(&'static str, usize), (usize, usize)>,
+    right_blames: usize,
+    wrong_blames: usize,
+    wrong_by: BTreeMap<String, usize>,
+    misses: Vec<String>,
+    /// Right volume verdicts that are sure, of right volume verdicts.
+    sure: (usize, usize),
+    count: usize,
+}
+
+fn study_grid(
+    st: &mut Study,
+    reps: usize,
+    base: &AnalysisOptions,
+    next_rng: &mut dyn FnMut() -> ScenarioRng,
+) {
+    for (fi, &factor) in FACTORS.iter().enumerate() {
+        for ci in 0..CVS.len() {
+            for &duration in &DURATIONS {
+                for intermittent in [false, true] {
+                    for mi in 0..MODES.len() {
+                        for node in [false, true] {
+                            for _ in 0..reps {
+                                let cell = (fi, ci, duration, intermittent, mi, node);
+                                study_one(st, cell, factor, base, &mut next_rng());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn study_one(
+    st: &mut Study,
+    cell: Cell,
+    factor: f64,
+    base: &AnalysisOptions,
+    rng: &mut ScenarioRng,
+) {
+    let (_, ci, duration, intermittent, mi, node) = cell;
+    let spec = SensitivitySpec {
+        effect: if node {
+            StudyEffect::Node
+        } else {
+            StudyEffect::Volume
+        },
+        mode: MODES[mi],
+        factor,
+        cv: CVS[ci],
+        duration,
+        intermittent,
+        nodes: rng.int(4, 12),
+        volumes_per_node: rng.int(if node { 2 } else { 1 }, 4),
+        intervals: 240,
+    };
+    let sc = scenario::generate_sensitivity(&spec, rng);
+    let r = analyze(&sc.timeline, &sc.options(base));
+    st.count += 1;
+    let (right, wrong) = blames(&sc.label.expected, &r);
+    st.right_blames += right;
+    st.wrong_blames += wrong;
+    if wrong > 0 {
+        let target = if node { "node" } else { "volume" };
+        *st.wrong_by
+            .entry(format!("{target} {factor}x"))
+            .or_default() += wrong;
+    }
+    let found = right > 0 && matches_main(&sc.label.expected, &r.verdict);
+    if let (true, Verdict::Volume(v)) = (found, &r.verdict) {
+        st.sure.1 += 1;
+        st.sure.0 += (v.confidence.level == ConfidenceLevel::Sure) as usize;
+    }
+    let c = st.cells.entry(cell).or_default();
+    c.0 += found as usize;
+    c.1 += 1;
+}
+
+fn study_controls(
+    st: &mut Study,
+    reps: usize,
+    base: &AnalysisOptions,
+    next_rng: &mut dyn FnMut() -> ScenarioRng,
+) {
+    for (name, effect) in [
+        ("clean", StudyEffect::Clean),
+        ("burst-only", StudyEffect::BurstOnly),
+        ("cluster-wide", StudyEffect::ClusterWide),
+    ] {
+        for (ci, &cv) in CVS.iter().enumerate() {
+            for &mode in &MODES {
+                for _ in 0..reps * 4 {
+                    let mut rng = next_rng();
+                    let spec = SensitivitySpec {
+                        effect,
+                        mode,
+                        factor: rng.range(1.5, 10.0),
+                        cv,
+                        duration: 0,
+                        intermittent: false,
+                        nodes: rng.int(4, 12),
+                        volumes_per_node: rng.int(1, 4),
+                        intervals: 240,
+                    };
+                    let sc = scenario::generate_sensitivity(&spec, &mut rng);
+                    let r = analyze(&sc.timeline, &sc.options(base));
+                    st.count += 1;
+                    let (right, wrong) = blames(&sc.label.expected, &r);
+                    st.right_blames += right;
+                    st.wrong_blames += wrong;
+                    if wrong > 0 {
+                        *st.wrong_by.entry(name.to_string()).or_default() += wrong;
+                        st.misses.push(format!(
+                            "{name} {mode:?} cv {cv} {}x{}: {}",
+                            spec.nodes,
+                            spec.volumes_per_node,
+                            render_text(&r).lines().next().unwrap_or_default()
+                        ));
+                    }
+                    let single = std::iter::once(&r.verdict)
+                        .chain(&r.also)
+                        .any(|v| matches!(v, Verdict::Volume(_)));
+                    let c = st.controls.entry((name, ci)).or_default();
+                    c.0 += single as usize;
+                    c.1 += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Prints the study's tables; returns whether its goals are met.
+fn print_study(st: &Study) -> bool {
+    let rate = |pred: &dyn Fn(&Cell) -> bool| -> (usize, usize) {
+        st.cells
+            .iter()
+            .filter(|(k, _)| pred(k))
+            .fold((0, 0), |a, (_, &(x, y))| (a.0 + x, a.1 + y))
+    };
+    let fmt = |(x, y): (usize, usize)| {
+        if y == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", x as f64 / y as f64)
+        }
+    };
+    let cv_header = |title: &str| {
+        print!("\n{title}\n{:>7}", "factor");
+        for cv in CVS {
+            print!(" {:>8}", format!("cv {}%", cv * 100.0));
+        }
+        println!();
+    };
+    for &duration in &DURATIONS {
+        for intermittent in [false, true] {
+            cv_header(&format!(
+                "recall, {} slowdown lasting {duration} intervals (closed and open loop, volume and node):",
+                if intermittent {
+                    "intermittent (4 slow, 2 normal)"
+                } else {
+                    "persistent"
+                }
+            ));
+            for (fi, f) in FACTORS.iter().enumerate() {
+                print!("{:>6}x", f);
+                for ci in 0..CVS.len() {
+                    let r =
+                        rate(&|c| c.0 == fi && c.1 == ci && c.2 == duration && c.3 == intermittent);
+                    print!(" {:>8}", fmt(r));
+                }
+                println!();
+            }
+        }
+    }
+    println!("\nrecall by loop and target, persistent, 10 intervals, cv <= 5%:");
+    println!(
+        "{:>7} {:>12} {:>12} {:>12} {:>12}",
+        "factor", "closed vol", "open vol", "closed node", "open node"
+    );
+    for (fi, f) in FACTORS.iter().enumerate() {
+        print!("{:>6}x", f);
+        for (mi, node) in [(0, false), (1, false), (0, true), (1, true)] {
+            let r =
+                rate(&|c| c.0 == fi && c.1 <= 2 && c.2 == 10 && !c.3 && c.4 == mi && c.5 == node);
+            print!(" {:>12}", fmt(r));
+        }
+        println!();
+    }
+    println!("\nsingle-volume blames on scenarios without a culprit (closed and open loop):");
+    print!("{:>13}", "");
+    for cv in CVS {
+        print!(" {:>8}", format!("cv {}%", cv * 100.0));
+    }
+    println!();
+    let mut no_single = true;
+    for name in ["clean", "burst-only", "cluster-wide"] {
+        print!("{name:>13}");
+        for ci in 0..CVS.len() {
+            let (x, y) = st.controls[&(name, ci)];
+            no_single &= x == 0;
+            print!(" {:>8}", format!("{x}/{y}"));
+        }
+        println!();
+    }
+    let precision = st.right_blames as f64 / (st.right_blames + st.wrong_blames).max(1) as f64;
+    // FACTORS[2] is 1.3x, CVS[2] 5%.
+    let goal = rate(&|c| c.0 >= 2 && c.1 <= 2 && c.2 >= 10 && !c.3);
+    let goal_recall = goal.0 as f64 / goal.1.max(1) as f64;
+    println!(
+        "\nprecision {precision:.3} ({} right blames, {} wrong, over all {} scenarios)",
+        st.right_blames, st.wrong_blames, st.count
+    );
+    println!("wrong blames by scenario: {:?}", st.wrong_by);
+    for m in &st.misses {
+        println!("  {m}");
+    }
+    println!(
+        "recall for persistent slowdowns >= 1.3x lasting >= 10 intervals with peer cv <= 5%: {goal_recall:.3} ({} of {})",
+        goal.0, goal.1
+    );
+    println!(
+        "right volume verdicts that are sure: {} of {} (the rest: suspect, not yet sure)",
+        st.sure.0, st.sure.1
+    );
+    let ok = goal_recall >= 0.95 && precision >= 0.98 && no_single;
+    println!(
+        "study goals (recall >= 0.95 there, precision >= 0.98, no single-volume blame without a culprit): {}",
+        if ok { "met" } else { "MISSED" }
+    );
+    ok
+}
+
+/// Whether a verdict names what the label expects.
+fn matches_main(expected: &Expected, v: &Verdict) -> bool {
+    match (expected, v) {
+        (Expected::Volume { node, volume, .. }, Verdict::Volume(v)) => {
+            &v.node == node && &v.volume == volume
+        }
+        (Expected::Node { node }, Verdict::Node(n)) => &n.node == node,
+        _ => false,
+    }
+}
+
+/// Right and wrong blames (volume and node verdicts, main and weaker) of a report.
+fn blames(expected: &Expected, r: &ChokepointReport) -> (usize, usize) {
+    let (mut right, mut wrong) = (0, 0);
+    for v in std::iter::once(&r.verdict).chain(&r.also) {
+        if matches!(v, Verdict::Volume(_) | Verdict::Node(_)) {
+            if matches_main(expected, v) {
+                right += 1
+            } else {
+                wrong += 1
+            }
+        }
+    }
+    (right, wrong)
 }

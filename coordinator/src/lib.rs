@@ -22,12 +22,17 @@
 //!   `lockstep certs`;
 //! - `service/`: coordinators as a service (`leader`: etcd election, run state in etcd,
 //!   takeover), which calls `app`;
-//! - `scenario`: synthetic timelines for the chokepoint finder's tests and evaluation.
+//! - `scenario`: synthetic timelines for the chokepoint finder's tests and evaluation (test
+//!   support: built for tests and with the `scenarios` feature only).
 pub mod analysis;
 pub mod app;
 pub mod export;
 pub mod orchestrate;
 pub mod plan;
 pub mod results;
+/// Labeled synthetic runs for the chokepoint finder's tests and its evaluation example: test
+/// support, not part of the shipped library (the `scenarios` feature, which the example
+/// requires, builds it outside tests).
+#[cfg(any(test, feature = "scenarios"))]
 pub mod scenario;
 pub mod service;

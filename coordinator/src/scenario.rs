@@ -412,6 +412,10 @@ struct Effect {
     err_p: f64,
     /// Fraction of the configured depth the generator keeps in flight.
     out_mult: f64,
+    /// Intermittent effects: active `on` intervals out of every `on + off` from `from` (0 off:
+    /// persistent).
+    on: usize,
+    off: usize,
 }
 
 impl Default for Effect {
@@ -424,6 +428,8 @@ impl Default for Effect {
             cap: f64::INFINITY,
             err_p: 0.0,
             out_mult: 1.0,
+            on: 1,
+            off: 0,
         }
     }
 }
@@ -694,49 +700,22 @@ pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
         }
     }
 
-    // Simulate.
-    let mut common = vec![0.0f64; roles_n];
-    let mut blip_left = 0u32;
-    let mut blip_factor = 1.0;
-    for k in 0..n {
-        for c in common.iter_mut() {
-            *c = 0.5 * *c + 0.03 * rng.normal();
-        }
-        if blip_left == 0 && rng.chance(p_blip) {
-            blip_left = rng.int(1, 3) as u32;
-            blip_factor = rng.range(1.5, 3.0);
-        }
-        let blip = if blip_left > 0 {
-            blip_left -= 1;
-            blip_factor
-        } else {
-            1.0
-        };
-        for (v, vol) in vols.iter_mut().enumerate() {
-            let role = &roles[vol.role];
-            let mut p = simulate_point(
-                role,
-                vol,
-                k,
-                dt,
-                spec.interval_ms,
-                common[vol.role],
-                blip,
-                sigma,
-                phi,
-                p_burst,
-                p_gc,
-                rng,
-            );
-            // Measured lengths are a few ms off the interval (an agent closes one when it sees
-            // the tick), while the point keeps its place on the clock (t_ms), as the merger
-            // puts it. Deterministic, so the random draws of every scenario stay the same.
-            let step = (spec.interval_ms / 1000).max(1) as i64;
-            let off = ((k * 31 + v * 17) % 9) as i64 - 4;
-            p.len_ms = (spec.interval_ms as i64 + off * step).max(1) as u64;
-            series[v].points.push(p);
-        }
-    }
+    let noise = Noise {
+        sigma,
+        phi,
+        p_burst,
+        p_gc,
+        p_blip,
+    };
+    simulate(
+        &roles,
+        &mut vols,
+        &mut series,
+        n,
+        spec.interval_ms,
+        &noise,
+        rng,
+    );
     if let Some(c) = vols[culprit].credit.as_ref() {
         onset_interval = c.empty_at;
         if let Some(e) = c.empty_at {
@@ -757,6 +736,233 @@ pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
             faults,
         },
         time_scales,
+    }
+}
+
+/// What a sensitivity scenario injects (see [`SensitivitySpec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StudyEffect {
+    /// Noise only: no verdict.
+    Clean,
+    /// Frequent harmless bursts and GC spikes, none persistent: no verdict.
+    BurstOnly,
+    /// Every device slower by the spec's factor (each a little differently): cluster-wide, and
+    /// never a single volume.
+    ClusterWide,
+    /// One volume's device slower by the factor for `duration` intervals.
+    Volume,
+    /// Every volume of one node slower by the factor for `duration` intervals.
+    Node,
+}
+
+/// One scenario of the sensitivity study: a single role of identical volumes whose spread is
+/// `cv` (the robust CV between peers in an interval: half of its variance a persistent
+/// per-volume offset, half autocorrelated jitter), and one effect of a known size and length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SensitivitySpec {
+    pub effect: StudyEffect,
+    pub mode: LoadMode,
+    /// Device slowdown (service latency x factor, service rate / factor).
+    pub factor: f64,
+    pub cv: f64,
+    /// Intervals from the first slow one to the last.
+    pub duration: usize,
+    /// Periodically slow: 4 intervals slow, 2 normal, over the duration.
+    pub intermittent: bool,
+    pub nodes: usize,
+    pub volumes_per_node: usize,
+    pub intervals: usize,
+}
+
+/// Generates a sensitivity scenario. Deterministic for a seed; bursts and GC spikes at the
+/// rare rates of a quiet run (a burst-only scenario: the frequent ones of harmless bursts).
+pub fn generate_sensitivity(spec: &SensitivitySpec, rng: &mut ScenarioRng) -> Scenario {
+    let n = spec.intervals.max(2);
+    let closed = spec.mode == LoadMode::ClosedLoop;
+    let role = role_sim(0, closed, rng.chance(0.5), rng);
+    let nodes = spec.nodes.max(1);
+    let m = spec.volumes_per_node.max(1);
+    let cv = spec.cv.max(0.0);
+    let (offset_sigma, jitter_sigma) = (cv * 0.5f64.sqrt(), cv * 0.5f64.sqrt());
+    let mut vols = Vec::with_capacity(nodes * m);
+    let mut series = Vec::with_capacity(nodes * m);
+    for node in 0..nodes {
+        for j in 0..m {
+            vols.push(VolSim {
+                role: 0,
+                h: rng.lognormal(offset_sigma),
+                ar: jitter_sigma * rng.normal(),
+                burst_left: 0,
+                burst_factor: 1.0,
+                cooldown: 0,
+                effect: Effect::default(),
+                credit: None,
+            });
+            series.push(VolumeSeries {
+                node: format!("worker-{}", node + 1),
+                volume: format!("/{}{j}", role.name),
+                role: role.name.to_string(),
+                model: role.model.clone(),
+                configured_depth: if closed { role.depth as u32 } else { 0 },
+                target_iops: (!closed).then_some(role.target),
+                lost_at_ms: None,
+                points: Vec::with_capacity(n),
+            });
+        }
+    }
+    let duration = spec.duration.clamp(1, n / 2);
+    let from = rng.int(n / 4, n - duration - n / 8);
+    let slow = Effect {
+        from,
+        to: from + duration,
+        slow: spec.factor,
+        on: 4,
+        off: if spec.intermittent { 2 } else { 0 },
+        ..Default::default()
+    };
+    let culprit = rng.int(0, vols.len() - 1);
+    let (expected, onset_interval) = match spec.effect {
+        StudyEffect::Clean | StudyEffect::BurstOnly => (Expected::None, None),
+        StudyEffect::ClusterWide => {
+            for vol in vols.iter_mut() {
+                vol.effect = Effect {
+                    from: from + rng.int(0, 3),
+                    to: n,
+                    slow: spec.factor * rng.lognormal(cv.max(0.02)),
+                    ..Default::default()
+                };
+            }
+            (Expected::ClusterWide, Some(from))
+        }
+        StudyEffect::Volume => {
+            vols[culprit].effect = slow;
+            let e = Expected::Volume {
+                node: series[culprit].node.clone(),
+                volume: series[culprit].volume.clone(),
+                kind: ChokepointKind::FailSlow,
+            };
+            (e, Some(from))
+        }
+        StudyEffect::Node => {
+            let node = culprit / m;
+            for vol in &mut vols[node * m..(node + 1) * m] {
+                vol.effect = slow;
+            }
+            let e = Expected::Node {
+                node: series[node * m].node.clone(),
+            };
+            (e, Some(from))
+        }
+    };
+    let (p_burst, p_gc) = if spec.effect == StudyEffect::BurstOnly {
+        (rng.range(0.003, 0.01), rng.range(0.02, 0.05))
+    } else {
+        (0.0005, 0.002)
+    };
+    let noise = Noise {
+        sigma: jitter_sigma,
+        phi: 0.6,
+        p_burst,
+        p_gc,
+        p_blip: 0.002,
+    };
+    simulate(&[role], &mut vols, &mut series, n, 1000, &noise, rng);
+    Scenario {
+        spec: ScenarioSpec {
+            kind: match spec.effect {
+                StudyEffect::Clean => ScenarioKind::Clean,
+                StudyEffect::BurstOnly => ScenarioKind::HarmlessBursts,
+                StudyEffect::ClusterWide => ScenarioKind::ClusterWide,
+                StudyEffect::Volume => ScenarioKind::FailSlow,
+                StudyEffect::Node => ScenarioKind::NodeLimit,
+            },
+            mode: spec.mode,
+            nodes,
+            volumes_per_node: m,
+            roles: 1,
+            intervals: n,
+            interval_ms: 1000,
+        },
+        label: Label {
+            expected,
+            onset_interval,
+            onset_ms: onset_interval.map(|i| i as u64 * 1000),
+            severity: spec.factor,
+        },
+        timeline: Timeline {
+            interval_ms: 1000,
+            volumes: series,
+            faults: Vec::new(),
+        },
+        time_scales: Vec::new(),
+    }
+}
+
+/// The noise of a run: per-interval jitter (sigma of the lognormal of an interval's mean, and
+/// its autocorrelation), harmless bursts and GC spikes per volume and interval, and the chance
+/// of a cluster-wide blip of 1-3 intervals per interval.
+#[derive(Debug, Clone, Copy)]
+struct Noise {
+    sigma: f64,
+    phi: f64,
+    p_burst: f64,
+    p_gc: f64,
+    p_blip: f64,
+}
+
+/// Runs the volumes for `n` intervals, appending their points to `series`.
+fn simulate(
+    roles: &[RoleSim],
+    vols: &mut [VolSim],
+    series: &mut [VolumeSeries],
+    n: usize,
+    interval_ms: u64,
+    noise: &Noise,
+    rng: &mut ScenarioRng,
+) {
+    let dt = interval_ms as f64 / 1000.0;
+    let mut common = vec![0.0f64; roles.len()];
+    let mut blip_left = 0u32;
+    let mut blip_factor = 1.0;
+    for k in 0..n {
+        for c in common.iter_mut() {
+            *c = 0.5 * *c + 0.03 * rng.normal();
+        }
+        if blip_left == 0 && rng.chance(noise.p_blip) {
+            blip_left = rng.int(1, 3) as u32;
+            blip_factor = rng.range(1.5, 3.0);
+        }
+        let blip = if blip_left > 0 {
+            blip_left -= 1;
+            blip_factor
+        } else {
+            1.0
+        };
+        for (v, vol) in vols.iter_mut().enumerate() {
+            let role = &roles[vol.role];
+            let mut p = simulate_point(
+                role,
+                vol,
+                k,
+                dt,
+                interval_ms,
+                common[vol.role],
+                blip,
+                noise.sigma,
+                noise.phi,
+                noise.p_burst,
+                noise.p_gc,
+                rng,
+            );
+            // Measured lengths are a few ms off the interval (an agent closes one when it sees
+            // the tick), while the point keeps its place on the clock (t_ms), as the merger
+            // puts it. Deterministic, so the random draws of every scenario stay the same.
+            let step = (interval_ms / 1000).max(1) as i64;
+            let off = ((k * 31 + v * 17) % 9) as i64 - 4;
+            p.len_ms = (interval_ms as i64 + off * step).max(1) as u64;
+            series[v].points.push(p);
+        }
     }
 }
 
@@ -795,7 +1001,7 @@ fn simulate_point(
     };
     let gc = rng.chance(p_gc);
     let e = vol.effect;
-    let active = k >= e.from && k < e.to;
+    let active = k >= e.from && k < e.to && (e.off == 0 || (k - e.from) % (e.on + e.off) < e.on);
     let mut slow = burst * blip * if gc { rng.range(1.3, 2.0) } else { 1.0 };
     let mut cap = f64::INFINITY;
     let mut out_mult = 1.0;

@@ -178,7 +178,7 @@ fn job_block(g: &JobGroup, run: Option<&RunGroup>, env: &Env, out: &mut String) 
 }
 
 /// fio's line for a job with `continue_on_error`: the errors it counted and the first one.
-fn error_count_line(c: &crate::errpolicy::ErrorCount) -> String {
+fn error_count_line(c: &crate::job::errpolicy::ErrorCount) -> String {
     let reason = std::io::Error::from_raw_os_error(c.first).to_string();
     // Rust appends " (os error N)" to strerror's text; fio prints strerror alone.
     let reason = reason.split(" (os error").next().unwrap_or_default();

@@ -7,25 +7,32 @@
 //! docs/domain.md#fail-slow):
 //! 1. Peers are the volumes of the same role (same workload). Per interval and role the finder
 //!    takes robust statistics of latency, IOPS and queue depth (median, median without the
-//!    volume itself, MAD in the log domain).
-//! 2. A volume's interval is *flagged* when its latency, normalized by its throughput, is more
-//!    than 5x its peers' median; or its IOPS are below half its peers' while it has IOs queued
-//!    (a throttled closed-loop volume completes fewer IOs at a higher latency); or its latency is
-//!    more than 3x the p90 of its own history; or it returns errors.
+//!    volume itself) and the peer model: the role's robust spread of latency and of IOPS (MAD
+//!    as a CV, small-sample corrected, pooled over the run, floored at
+//!    [`AnalysisOptions::spread_floor`]).
+//! 2. A volume's interval is *flagged* when the median of its and its neighbours' distance from
+//!    the peers' center (latency normalized by throughput, or IOPS deficit while it has IOs
+//!    queued; measured from its own standing when that is within the spread) is both over
+//!    [`AnalysisOptions::peer_z`] robust sigmas and over [`AnalysisOptions::min_slowdown`];
+//!    or its latency is more than 3x the p90 of its own history; or it returns errors.
 //! 3. Score +1 per flagged interval, -1 per clean one, floored at 0; a volume becomes a suspect
 //!    only when its score reaches [`AnalysisOptions::persistence`] (hysteresis: it stays one
 //!    until the score is back at 0). Bursts and garbage-collection spikes are shorter than that.
+//!    A suspect is blamed only when its episode is clearly out ([`ConfidenceLevel::Sure`]);
+//!    otherwise it is listed in [`ChokepointReport::suspects`], not yet sure.
 //! 4. Guards: intervals where more than a third of a role is degraded together (half-way to
-//!    flagged), or where the role's median latency is 2x its own history, are cluster-wide and
-//!    do not count against a single volume, nor do the intervals around a persistent run of
-//!    them; suspects that are all the volumes of one node are a node-level limit.
+//!    flagged), or where the role's median latency is 1.5x its own history, are cluster-wide
+//!    and do not count against a single volume, nor do the intervals around a persistent run
+//!    of them; suspects that are most of the volumes of one node (with its other volumes
+//!    degraded alongside) are a node-level limit.
 //! 5. For the chokepoint: the onset (two-segment split of its deviation from its peers), the
-//!    kind (throttled, credit exhaustion, fail-slow, erroring) with the evidence figures, and the
-//!    impact on the cluster. Volumes with a credit model get a forecast of when credits run out.
+//!    kind (throttled, credit exhaustion, fail-slow, erroring) with the evidence figures, the
+//!    confidence, and the impact on the cluster. Volumes with a credit model get a forecast of
+//!    when credits run out.
 //!
 //! Cost: one pass per interval block to build the peer statistics (selection, not sorting) and
-//! two streaming passes over each volume's points; memory is O(intervals x roles + volumes),
-//! never a copy of the points, so the live view can call it on the data so far every few
+//! two streaming passes over each volume's points; memory is O(intervals x roles + volumes)
+//! plus one flag byte per volume and interval, never a copy of the points, so the live view can call it on the data so far every few
 //! seconds.
 
 mod credit;
@@ -46,15 +53,23 @@ use stats::{Center, MAD_TO_SIGMA};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AnalysisOptions {
-    /// Flag an interval whose latency (normalized by throughput) exceeds this multiple of the
-    /// peers' median. 5x, stricter than SlowBrokerFinder's default peer margin of 3x
-    /// (docs/domain.md#fail-slow): far above interval-to-interval noise and the spread between
-    /// healthy volumes of one type (rarely beyond 1.5x).
-    pub peer_latency_factor: f64,
-    /// Flag an interval whose IOPS are below this fraction of the peers' median while the volume
-    /// has IOs queued. A closed-loop volume shows a throttle as lost IOPS as much as added
-    /// latency (IOPS = depth / latency); half is a loss no healthy peer shows for long.
-    pub peer_iops_fraction: f64,
+    /// Practical effect: an interval is flagged only when the volume is at least this much
+    /// slower than its peers' center (latency per load up, or IOPS down, by this factor). A
+    /// statistically clear 3% difference between near-identical volumes is real but not worth
+    /// a verdict; 1.2x is the smallest slowdown the study in docs/chokepoint.md is asked to see,
+    /// and what a fleet's moderate, persistent fail-slow devices show (docs/domain.md#fail-slow).
+    pub min_slowdown: f64,
+    /// Statistical distance: an interval is flagged only when the volume sits more than this
+    /// many robust sigmas (the peers' spread, see `spread_floor`) from its peers' center. 3: a
+    /// normal value crosses it in 0.13% of intervals, and the flag rule takes the median of 3
+    /// consecutive intervals (a one-interval spike is not a slowdown), two of which must cross.
+    pub peer_z: f64,
+    /// Floor of the peers' spread, as a fraction of their center (a CV). Peers within 0.1% of
+    /// each other would make any wobble "significant"; the floor keeps the distance rule
+    /// meaningful, and the factor rule (`min_slowdown`) is then the one that decides.
+    /// 0.05: `peer_z` x 0.05 = 0.15 in ln units is below ln 1.2 = 0.18, so a 1.2x slowdown on
+    /// identical peers is still 3.6 sigmas out and caught.
+    pub spread_floor: f64,
     /// "Has IOs queued": outstanding IOs at least this fraction of the peers' median. Below it
     /// the volume is not being asked for IOs (the load generator is short), and low IOPS are
     /// not the storage's fault.
@@ -79,7 +94,9 @@ pub struct AnalysisOptions {
     pub cluster_fraction: f64,
     /// A role whose median latency exceeds this multiple of its own history median is slowed
     /// cluster-wide even when no single volume crosses its own 3x rule (a role median is far
-    /// less noisy than one volume, so 2x is already well outside it).
+    /// less noisy than one volume, so 1.5x is already well outside it). 1.5x rather than 2x
+    /// since the peer model sees 1.2x: a whole role slowed 1.5x, each volume a little
+    /// differently, otherwise leaves one volume 1.2x above the rest after the onset and blamed.
     pub cluster_latency_factor: f64,
     /// Suspects covering at least this fraction of one node's volumes (and at least 2) are a
     /// node-level limit (instance bandwidth, CPU), not a volume.
@@ -112,15 +129,16 @@ pub struct AnalysisOptions {
 impl Default for AnalysisOptions {
     fn default() -> Self {
         AnalysisOptions {
-            peer_latency_factor: 5.0,
-            peer_iops_fraction: 0.5,
+            min_slowdown: 1.2,
+            peer_z: 3.0,
+            spread_floor: 0.05,
             busy_outstanding_fraction: 0.5,
             history_latency_factor: 3.0,
             history_intervals: 60,
             warmup_intervals: 0,
             persistence: 10,
             cluster_fraction: 1.0 / 3.0,
-            cluster_latency_factor: 2.0,
+            cluster_latency_factor: 1.5,
             node_fraction: 0.75,
             throttle_cv: 0.1,
             error_fraction: 0.0,
@@ -259,7 +277,74 @@ pub struct VolumeVerdict {
     /// Peak score of its worst episode (net flagged intervals).
     pub score: u32,
     pub evidence: Evidence,
+    /// How sure the finder is, and why.
+    #[serde(default)]
+    pub confidence: Confidence,
     pub impact: Impact,
+}
+
+/// How sure a verdict is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfidenceLevel {
+    /// The typical interval after the onset is clearly out (over `peer_z` robust sigmas and
+    /// `min_slowdown`), and most of them were flagged.
+    #[default]
+    Sure,
+    /// Persistent enough to be named, but the typical interval is near the limits (or fewer
+    /// than half were flagged): a suspect, not yet sure. Look again with more data.
+    Suspect,
+}
+
+impl ConfidenceLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfidenceLevel::Sure => "sure",
+            ConfidenceLevel::Suspect => "suspect, not yet sure",
+        }
+    }
+}
+
+/// The figures behind a verdict's confidence, over the intervals from the onset to the end of
+/// the episode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Confidence {
+    pub level: ConfidenceLevel,
+    pub flagged_intervals: u32,
+    pub intervals: u32,
+    /// Median over the intervals of its distance from its peers' center in robust units (the
+    /// larger of latency per load and IOPS deficit, each over the peers' spread with its floor).
+    pub median_distance: f64,
+    /// The peers' spread of latency and of IOPS as a robust CV (before the floor; NaN with
+    /// fewer than 3 volumes in the role).
+    pub peer_cv: f64,
+    pub peer_iops_cv: f64,
+    /// Median slowdown factor against the peers' center (latency per load, or IOPS deficit).
+    pub slowdown: f64,
+}
+
+impl Confidence {
+    /// Sets the level from the figures. Errors are their own evidence: an erroring volume is
+    /// sure when most intervals were flagged, whatever its latency.
+    fn finish(mut self, kind: ChokepointKind, opts: &AnalysisOptions) -> Confidence {
+        let mostly = self.flagged_intervals * 2 >= self.intervals.max(1);
+        let clear = self.median_distance >= opts.peer_z && self.slowdown >= opts.min_slowdown
+            || kind == ChokepointKind::Erroring;
+        self.level = if mostly && clear {
+            ConfidenceLevel::Sure
+        } else {
+            ConfidenceLevel::Suspect
+        };
+        self
+    }
+}
+
+/// Sums over a verdict's intervals that the kind and the impact need.
+struct EvidenceSums {
+    /// Mean of IOPS / peers' median IOPS.
+    r_iops_mean: f64,
+    /// Mean cluster IOPS.
+    cluster_iops: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -277,6 +362,9 @@ pub struct NodeVerdict {
     /// Robust coefficient of variation of the node's total IOPS after the onset: low means a
     /// shared ceiling (instance IOPS or bandwidth cap).
     pub iops_cv: f64,
+    /// How sure, over all its degraded volumes (a node verdict is made whatever the level).
+    #[serde(default)]
+    pub confidence: Confidence,
     pub impact: Impact,
 }
 
@@ -359,6 +447,10 @@ pub struct ChokepointReport {
     /// Queue-depth evidence when the closed-loop volumes keep fewer IOs in flight than
     /// configured (also when it is not the verdict).
     pub load_generator: Option<LoadGeneratorEvidence>,
+    /// Volumes persistent enough to be named whose typical interval is near the limits
+    /// ([`ConfidenceLevel::Suspect`]): suspects, not yet sure, and not blamed.
+    #[serde(default)]
+    pub suspects: Vec<VolumeVerdict>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,20 +461,23 @@ const LAT_HIST: u8 = 4;
 const ERR: u8 = 8;
 /// Flags that count towards a volume's score.
 const FLAGGED: u8 = LAT_PEER | IOPS_PEER | LAT_HIST | ERR;
-/// Degraded, without being flagged: past the geometric half-way point of a rule (IOPS below
-/// 0.71x the peers', latency above 2.2x theirs or 1.7x its own p90). The cluster-wide guard
+/// Degraded, without being flagged: past the geometric half-way point of a rule (half the
+/// peer model's limit in ln units, or latency above 1.7x its own p90). The cluster-wide guard
 /// counts these too: when a third or half of a role slows down together, the peers' median
 /// moves into the slow group now and then and the flagged count flickers around the guard's
 /// threshold, while the degraded count does not.
 const DEGRADED: u8 = 16;
 
+/// The volume has a measured point in the interval (set by [`volume_flags`]).
+const PRESENT: u8 = 32;
+
 /// Smallest step (in badness, i.e. log ratio to peers, or in error indicator) the onset split
 /// accepts: ln 1.5, well above the segment means' noise over a 30-interval window.
 const MIN_STEP: f64 = 0.4;
 
-/// Badness (log deviation from peers) is capped (at 150x) so one dead interval does not
-/// outweigh a whole segment in the onset split.
-const BADNESS_CAP: f64 = 5.0;
+/// Badness (log deviation from peers) is capped at e^5 (about 150x) so one dead interval does
+/// not outweigh a whole segment in the onset split.
+const CAP_RATIO: f64 = 148.413_159_102_576_6;
 
 struct Role {
     name: String,
@@ -468,11 +563,36 @@ struct PeerStats {
     iops: Center,
     out_med: f64,
     p99_med: f64,
+    /// Robust relative spread (CV) of the role's latency and IOPS in this interval (NaN with
+    /// fewer than 3 volumes), see [`stats::relative_spread`].
+    lat_spread: f64,
+    iops_spread: f64,
 }
 
-/// Per role, per interval peer statistics, and per interval the cluster's total IOPS.
+/// The peer model of one role: how far apart healthy volumes of the role are, as a CV, pooled
+/// over the run's intervals ([`stats::pooled_spread`]). `None` when no interval had 3 volumes.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoleSpread {
+    lat: Option<f64>,
+    iops: Option<f64>,
+}
+
+impl RoleSpread {
+    /// The sigmas (ln units) the distance rule uses: the pooled spread, at least the floor.
+    /// Without a measured spread (a role of 2: one peer) the floor is doubled, since nothing
+    /// says how far apart two healthy volumes are.
+    fn sigmas(&self, opts: &AnalysisOptions) -> (f64, f64) {
+        let f = opts.spread_floor.max(1e-6);
+        let s = |x: Option<f64>| x.map_or(2.0 * f, |x| x.max(f));
+        (s(self.lat), s(self.iops))
+    }
+}
+
+/// Per role, per interval peer statistics and the role's spread, and per interval the
+/// cluster's total IOPS.
 struct Peers {
     roles: Vec<Vec<PeerStats>>,
+    spread: Vec<RoleSpread>,
     cluster_iops: Vec<f64>,
 }
 
@@ -488,6 +608,9 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
     let mut iops: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
     let mut out: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
     let mut p99: Vec<Vec<f64>> = vec![Vec::new(); BLOCK];
+    let mut scratch = Vec::new();
+    let mut spread = Vec::with_capacity(lay.roles.len());
+    let stride = n.div_ceil(512).max(1);
     for role in &lay.roles {
         let mut cursor = vec![0usize; role.members.len()];
         let mut stats = vec![PeerStats::default(); n];
@@ -535,12 +658,31 @@ fn peer_stats(t: &Timeline, lay: &Layout) -> Peers {
                     &mut out[slot],
                     &mut p99[slot],
                 );
+                // The spread is pooled over the run: a sample of up to ~512 intervals
+                // estimates it as well as all of them, at a fraction of the selections.
+                if (block + slot) % stride != 0 {
+                    continue;
+                }
+                s.lat_spread = stats::relative_spread(&lat[slot], s.lat.median(), &mut scratch)
+                    .unwrap_or(f64::NAN);
+                s.iops_spread = stats::relative_spread(&iops[slot], s.iops.median(), &mut scratch)
+                    .unwrap_or(f64::NAN);
             }
         }
+        let mut pool = |f: fn(&PeerStats) -> f64| {
+            scratch.clear();
+            scratch.extend(stats.iter().map(f));
+            stats::pooled_spread(&mut scratch)
+        };
+        spread.push(RoleSpread {
+            lat: pool(|s| s.lat_spread),
+            iops: pool(|s| s.iops_spread),
+        });
         roles.push(stats);
     }
     Peers {
         roles,
+        spread,
         cluster_iops,
     }
 }
@@ -558,6 +700,8 @@ fn interval_stats(
         iops: iops_c,
         out_med: stats::median(out).unwrap_or(0.0),
         p99_med: stats::median(p99).unwrap_or(0.0),
+        lat_spread: f64::NAN,
+        iops_spread: f64::NAN,
     }
 }
 
@@ -601,32 +745,18 @@ fn relative(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Relative
     }
 }
 
-fn flags(p: &VolumePoint, ps: &PeerStats, hist_p90: Option<f64>, opts: &AnalysisOptions) -> u8 {
-    let rel = relative(p, ps, opts);
+/// Flags a volume's interval earns on its own: latency over a multiple of its own history's
+/// p90 (LAT_HIST, and DEGRADED half-way, geometrically), and errors (ERR).
+fn own_flags(p: &VolumePoint, hist_p90: Option<f64>, opts: &AnalysisOptions) -> u8 {
     let mut f = 0;
-    let mut rule = |ratio: f64, limit: f64, bit: u8| {
-        // ratio and limit are "more is worse" (> 1).
-        if ratio > limit {
-            f |= bit;
+    if let (Some(p90), true) = (hist_p90, has_latency(p)) {
+        let ratio = p.lat_mean_us / p90;
+        if ratio > opts.history_latency_factor {
+            f |= LAT_HIST;
         }
-        if ratio > limit.sqrt() {
+        if ratio > opts.history_latency_factor.sqrt() {
             f |= DEGRADED;
         }
-    };
-    if let Some(r) = rel.r_lat {
-        // Latency normalized by throughput: a volume doing more IOs than its peers may be
-        // slower in proportion without being the problem.
-        rule(
-            r / rel.r_iops.unwrap_or(1.0).max(1.0),
-            opts.peer_latency_factor,
-            LAT_PEER,
-        );
-    }
-    if let (true, Some(r)) = (rel.busy, rel.r_iops) {
-        rule(1.0 / r.max(1e-12), 1.0 / opts.peer_iops_fraction, IOPS_PEER);
-    }
-    if let (Some(p90), true) = (hist_p90, has_latency(p)) {
-        rule(p.lat_mean_us / p90, opts.history_latency_factor, LAT_HIST);
     }
     let errors = p.errors[0] + p.errors[1];
     if errors > 0 {
@@ -638,22 +768,190 @@ fn flags(p: &VolumePoint, ps: &PeerStats, hist_p90: Option<f64>, opts: &Analysis
     f
 }
 
+/// A volume's distance from its peers' center in one interval, in ln units, "more is worse"
+/// (0 when at or better than them): `lat`, its latency normalized by its throughput (a volume
+/// doing more IOs than its peers may be slower in proportion without being the problem), and
+/// `iops`, its IOPS deficit while it has IOs queued (a closed-loop volume shows a slowdown as
+/// lost IOPS as much as added latency). A busy volume that completed nothing is at the cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Distance {
+    lat: f64,
+    iops: f64,
+}
+
+impl Distance {
+    fn of(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Distance {
+        let r = Distance::ratios(p, ps, opts);
+        Distance {
+            lat: r.lat.ln(),
+            iops: r.iops.ln(),
+        }
+    }
+
+    /// The same as factors (exp of the distances, 1 when at or better than the peers), which
+    /// is what the flag rule compares: no logarithm per point.
+    fn ratios(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> Distance {
+        let rel = relative(p, ps, opts);
+        if !has_latency(p) && rel.busy {
+            return Distance {
+                lat: CAP_RATIO,
+                iops: CAP_RATIO,
+            };
+        }
+        let lat = rel
+            .r_lat
+            .map_or(1.0, |r| r / rel.r_iops.unwrap_or(1.0).max(1.0));
+        let iops = match (rel.busy, rel.r_iops) {
+            (true, Some(r)) => 1.0 / r.max(1e-9),
+            _ => 1.0,
+        };
+        Distance {
+            lat: lat.clamp(1.0, CAP_RATIO),
+            iops: iops.clamp(1.0, CAP_RATIO),
+        }
+    }
+
+    /// In robust units: the larger of the two distances over its peers' sigma.
+    fn robust(&self, sigmas: (f64, f64)) -> f64 {
+        (self.lat / sigmas.0).max(self.iops / sigmas.1)
+    }
+
+    /// The slowdown factor against the peers' center.
+    fn factor(&self) -> f64 {
+        self.lat.max(self.iops).exp()
+    }
+}
+
+/// The peer model's flag rule on a smoothed distance (the median of 3 intervals): LAT_PEER or
+/// IOPS_PEER when it is both statistically clear (over `peer_z` sigmas) and large enough to
+/// matter (over `min_slowdown`), and the interval itself is at least half-way there: the median
+/// carries a slowdown over an interval that missed the limit by noise, not over a normal one
+/// between a burst and a GC pause. DEGRADED half-way there (in ln units, i.e. geometrically),
+/// which the cluster-wide guard counts.
+fn peer_flags(smooth: Distance, raw: Distance, lim: &Limits) -> u8 {
+    let mut f = 0;
+    if smooth.lat > lim.lat_flag && raw.lat > lim.lat_degraded {
+        f |= LAT_PEER;
+    }
+    if smooth.iops > lim.iops_flag && raw.iops > lim.iops_degraded {
+        f |= IOPS_PEER;
+    }
+    if smooth.lat > lim.lat_degraded || smooth.iops > lim.iops_degraded {
+        f |= DEGRADED;
+    }
+    f
+}
+
+/// The peer rule's limits as factors (see [`peer_flags`]), and the largest standing that is
+/// within the spread (see [`own_standing`]).
+struct Limits {
+    lat_flag: f64,
+    lat_degraded: f64,
+    iops_flag: f64,
+    iops_degraded: f64,
+    lat_within: f64,
+    iops_within: f64,
+}
+
+impl Limits {
+    fn new(sigmas: (f64, f64), opts: &AnalysisOptions) -> Limits {
+        let practical = opts.min_slowdown.max(1.0).ln();
+        let limit = |sigma: f64| practical.max(opts.peer_z * sigma);
+        let (l, i) = (limit(sigmas.0), limit(sigmas.1));
+        Limits {
+            lat_flag: l.exp(),
+            lat_degraded: (l / 2.0).exp(),
+            iops_flag: i.exp(),
+            iops_degraded: (i / 2.0).exp(),
+            lat_within: (opts.peer_z * sigmas.0).exp(),
+            iops_within: (opts.peer_z * sigmas.1).exp(),
+        }
+    }
+}
+
+/// A volume's own standing among its peers: its median distance over its history window (the
+/// first minute after the warm-up), for each figure whose standing is within the peers' spread
+/// (under `peer_z` sigmas), else 0. Healthy volumes of one kind are not identical: one may sit
+/// persistently 1.2x slower than the middle of its peers, and a wobble on top of that is not a
+/// slowdown. Later distances are measured from that standing. A volume already clearly out in
+/// its first minute (throttled from the start) keeps its distances from the peers' center.
+/// Zero until half the window has data.
+fn own_standing(
+    buf: &[(usize, Distance, u8, f64)],
+    lim: &Limits,
+    opts: &AnalysisOptions,
+) -> Distance {
+    let from = opts.warmup_intervals;
+    let to = from + opts.history_intervals.max(1);
+    let in_window = || buf.iter().filter(|x| x.0 >= from && x.0 < to);
+    let none = Distance {
+        lat: 1.0,
+        iops: 1.0,
+    };
+    if in_window().count() * 2 < opts.history_intervals.max(1) {
+        return none;
+    }
+    let standing = |f: fn(&Distance) -> f64, within: f64| {
+        let mut xs: Vec<f64> = in_window().map(|x| f(&x.1)).collect();
+        let m = stats::median(&mut xs).unwrap_or(1.0);
+        if m < within { m } else { 1.0 }
+    };
+    Distance {
+        lat: standing(|d| d.lat, lim.lat_within),
+        iops: standing(|d| d.iops, lim.iops_within),
+    }
+}
+
+/// Every interval's flags of one volume (indexed by interval; 0 where it has no point).
+///
+/// The peer rule looks at the median of the distances of the interval and its two neighbours
+/// (the interval itself at the edges of the data): a single slow interval (a GC pause) does not
+/// count, a run of them counts from its first interval to its last, and an interval that
+/// misses the limit by noise inside a slowdown does not reset the score. `buf` is reused; it
+/// keeps each point's outstanding IOs too, so the caller needs no second pass over the points.
+fn volume_flags(
+    s: &VolumeSeries,
+    hist: Option<(f64, usize)>,
+    stats: &[PeerStats],
+    sigmas: (f64, f64),
+    lay: &Layout,
+    opts: &AnalysisOptions,
+    buf: &mut Vec<(usize, Distance, u8, f64)>,
+) -> Vec<u8> {
+    buf.clear();
+    for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
+        let i = index(p, lay.interval_ms);
+        let hp = hist.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
+        let d = Distance::ratios(p, &stats[i], opts);
+        buf.push((i, d, own_flags(p, hp, opts), p.outstanding));
+    }
+    let lim = Limits::new(sigmas, opts);
+    let base = own_standing(buf, &lim, opts);
+    let shift = |x: Distance| Distance {
+        lat: (x.lat / base.lat).max(1.0),
+        iops: (x.iops / base.iops).max(1.0),
+    };
+    let mut out = vec![0u8; lay.intervals];
+    for j in 0..buf.len() {
+        let (i, d, own, _) = buf[j];
+        let d = shift(d);
+        let prev = (j > 0 && buf[j - 1].0 + 1 == i).then(|| shift(buf[j - 1].1));
+        let next = buf.get(j + 1).filter(|x| x.0 == i + 1).map(|x| shift(x.1));
+        let (a, c) = (prev.unwrap_or(d), next.unwrap_or(d));
+        let smooth = Distance {
+            lat: stats::median3(a.lat, d.lat, c.lat),
+            iops: stats::median3(a.iops, d.iops, c.iops),
+        };
+        out[i] |= PRESENT | own | peer_flags(smooth, d, &lim);
+    }
+    out
+}
+
 /// Deviation from peers in one interval, for the onset split: the log of how much slower or
 /// less productive than its peers the volume is (0 when at or better than them).
 fn badness(p: &VolumePoint, ps: &PeerStats, opts: &AnalysisOptions) -> f64 {
-    let rel = relative(p, ps, opts);
-    if !has_latency(p) && rel.busy {
-        return BADNESS_CAP;
-    }
-    let lat = rel
-        .r_lat
-        .map_or(0.0, |r| (r / rel.r_iops.unwrap_or(1.0).max(1.0)).ln());
-    let iops = if rel.busy {
-        rel.r_iops.map_or(0.0, |r| -(r.max(1e-9)).ln())
-    } else {
-        0.0
-    };
-    lat.max(iops).clamp(0.0, BADNESS_CAP)
+    let d = Distance::of(p, ps, opts);
+    d.lat.max(d.iops)
 }
 
 fn error_indicator(p: &VolumePoint) -> f64 {
@@ -782,6 +1080,64 @@ impl Persistence {
     }
 }
 
+/// What the first pass over the volumes finds: each volume's flags (own history, peers), how many
+/// volumes of each role are degraded (or flagged) in each interval (the cluster-wide guard
+/// needs these before any volume is scored), and closed-loop depth ratios.
+struct FirstPass {
+    flags: Vec<Vec<u8>>,
+    degraded_count: Vec<Vec<u32>>,
+    depth_ratios: Vec<f64>,
+}
+
+fn first_pass(t: &Timeline, lay: &Layout, peers: &Peers, opts: &AnalysisOptions) -> FirstPass {
+    let n = lay.intervals;
+    let mut fp = FirstPass {
+        flags: Vec::with_capacity(t.volumes.len()),
+        degraded_count: vec![vec![0; n]; lay.roles.len()],
+        depth_ratios: Vec::new(),
+    };
+    let (mut buf, mut dist_buf) = (Vec::new(), Vec::new());
+    for (v, s) in t.volumes.iter().enumerate() {
+        let h = own_history(s, lay, opts, &mut buf);
+        let r = lay.role_of[v];
+        let sigmas = peers.spread[r].sigmas(opts);
+        let f = volume_flags(s, h, &peers.roles[r], sigmas, lay, opts, &mut dist_buf);
+        for (count, &x) in fp.degraded_count[r].iter_mut().zip(&f) {
+            // Degraded or flagged.
+            *count += (x & !PRESENT != 0) as u32;
+        }
+        if s.configured_depth > 0 && !dist_buf.is_empty() {
+            // The same pass over the points summed the outstanding IOs (see `volume_flags`).
+            let out_sum: f64 = dist_buf.iter().map(|x| x.3).sum();
+            fp.depth_ratios
+                .push(out_sum / dist_buf.len() as f64 / s.configured_depth as f64);
+        }
+        fp.flags.push(f);
+    }
+    fp
+}
+
+/// Scores every volume's flagged intervals (cluster-wide intervals are neutral).
+fn score_volumes(
+    lay: &Layout,
+    flags: &[Vec<u8>],
+    neutral: &[Vec<bool>],
+    threshold: u32,
+) -> Vec<Persistence> {
+    let mut tracks = Vec::with_capacity(flags.len());
+    for (v, f) in flags.iter().enumerate() {
+        let r = lay.role_of[v];
+        let mut pers = Persistence::default();
+        for (i, &x) in f.iter().enumerate().filter(|(_, x)| **x & PRESENT != 0) {
+            let flagged = (!neutral[r][i]).then_some(x & FLAGGED != 0);
+            pers.step(i, flagged, threshold);
+        }
+        pers.finish(lay.intervals);
+        tracks.push(pers);
+    }
+    tracks
+}
+
 /// Analyzes a run's timeline (complete or the data so far) and names its chokepoint.
 ///
 /// Pure and deterministic: the same timeline and options give the same report. Each volume's
@@ -794,31 +1150,11 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
     let peers = peer_stats(t, &lay);
     let threshold = opts.persistence.max(1);
 
-    // Pass 1 over the volumes: own history, and how many volumes of each role are degraded (or
-    // flagged) in each interval (the cluster-wide guard needs these before any volume is scored).
-    let mut hist: Vec<Option<(f64, usize)>> = Vec::with_capacity(t.volumes.len());
-    let mut degraded_count: Vec<Vec<u32>> = vec![vec![0; n]; lay.roles.len()];
-    let mut buf = Vec::new();
-    let mut depth_ratios: Vec<f64> = Vec::new();
-    for (v, s) in t.volumes.iter().enumerate() {
-        let h = own_history(s, &lay, opts, &mut buf);
-        hist.push(h);
-        let r = lay.role_of[v];
-        let (mut out_sum, mut out_n) = (0.0, 0usize);
-        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
-            let i = index(p, lay.interval_ms);
-            let hp = h.filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-            // Degraded or flagged.
-            if flags(p, &peers.roles[r][i], hp, opts) != 0 {
-                degraded_count[r][i] += 1;
-            }
-            out_sum += p.outstanding;
-            out_n += 1;
-        }
-        if s.configured_depth > 0 && out_n > 0 {
-            depth_ratios.push(out_sum / out_n as f64 / s.configured_depth as f64);
-        }
-    }
+    let FirstPass {
+        flags,
+        degraded_count,
+        depth_ratios,
+    } = first_pass(t, &lay, &peers, opts);
 
     // Cluster-wide guard per role: many volumes degraded together, or the role's median latency
     // far above its own history.
@@ -868,34 +1204,14 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         neutral.push(neutral_r);
     }
 
-    // Pass 2: score every volume.
-    let mut tracks: Vec<Persistence> = Vec::with_capacity(t.volumes.len());
-    for (v, s) in t.volumes.iter().enumerate() {
-        let r = lay.role_of[v];
-        let mut pers = Persistence::default();
-        for p in s.points.iter().filter(|p| measured(p, lay.interval_ms)) {
-            let i = index(p, lay.interval_ms);
-            if neutral[r][i] {
-                pers.step(i, None, threshold);
-                continue;
-            }
-            let hp = hist[v].filter(|&(_, from)| i >= from).map(|(p90, _)| p90);
-            pers.step(
-                i,
-                Some(flags(p, &peers.roles[r][i], hp, opts) & FLAGGED != 0),
-                threshold,
-            );
-        }
-        pers.finish(n);
-        tracks.push(pers);
-    }
+    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
 
     let ctx = Ctx {
         t,
         lay: &lay,
         peers: &peers,
         opts,
-        hist: &hist,
+        flags: &flags,
         neutral: &neutral,
     };
     let volumes: Vec<VolumeScore> = t
@@ -928,7 +1244,20 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         })
         .collect();
 
-    let mut candidates = node_and_volume_verdicts(&ctx, &suspects);
+    // Volume findings the finder is not sure of are suspects, not verdicts.
+    let (mut candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
+        .into_iter()
+        .partition(|(c, _)| match c {
+            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
+            _ => true,
+        });
+    let suspects: Vec<VolumeVerdict> = not_sure
+        .into_iter()
+        .filter_map(|(c, _)| match c {
+            Verdict::Volume(v) => Some(v),
+            _ => None,
+        })
+        .collect();
     let cluster = cluster_verdict(&ctx, &cluster_eps);
     let load_generator = load_generator_evidence(&depth_ratios, opts);
 
@@ -1006,6 +1335,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         cluster_episodes,
         forecasts,
         load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
+        suspects,
     }
 }
 
@@ -1056,7 +1386,8 @@ struct Ctx<'a> {
     lay: &'a Layout,
     peers: &'a Peers,
     opts: &'a AnalysisOptions,
-    hist: &'a [Option<(f64, usize)>],
+    /// Per volume, each interval's flags ([`volume_flags`]).
+    flags: &'a [Vec<u8>],
     /// Per role, intervals that are cluster-wide events (see the guard in `analyze`).
     neutral: &'a [Vec<bool>],
 }
@@ -1118,7 +1449,10 @@ impl Ctx<'_> {
             .collect();
         let vals: Vec<f64> = xs.iter().map(|&(_, x)| x).collect();
         let hint = xs.iter().position(|&(i, _)| i >= e.start).unwrap_or(0);
-        match stats::step_onset(&vals, MIN_STEP, hint) {
+        // A step as small as the smallest slowdown flagged is a step (0.8 of it: the segment
+        // medians carry some noise); the fixed minimum alone would miss a 1.3x onset.
+        let min_step = MIN_STEP.min(0.8 * self.opts.min_slowdown.max(1.0).ln());
+        match stats::step_onset(&vals, min_step, hint) {
             Some(k) => xs[k].0,
             // A window that is bad throughout has no step to find: bad since the volume's first
             // interval (its first intervals merely missed a threshold), or since its last
@@ -1134,8 +1468,8 @@ impl Ctx<'_> {
         let first = self.first_index(v);
         // Errors dominate the episode's flags: the onset is when errors began.
         let (mut err_flags, mut all_flags) = (0u32, 0u32);
-        for (i, p) in self.points(v, e.start, e.last + 1) {
-            let f = flags(p, self.stats(v, i), self.hist_p90(v, i), opts);
+        for (i, _) in self.points(v, e.start, e.last + 1) {
+            let f = self.flags[v][i];
             all_flags += (f & FLAGGED != 0) as u32;
             err_flags += (f & ERR != 0) as u32;
         }
@@ -1143,6 +1477,84 @@ impl Ctx<'_> {
         let onset = self.onset(v, e, erroring);
         let end = (e.last + 1).max(onset + 1);
 
+        let (mut ev, sums, mut confidence) = self.evidence(v, first, onset, end);
+        // How sure: over the whole episode, from its first flagged interval (or the onset, if
+        // earlier) to its last. A volume that drifted to the threshold on marginal intervals
+        // and then had a burst is not sure, however bad the burst.
+        let sigmas = self.peers.spread[self.lay.role_of[v]].sigmas(opts);
+        let (mut dist, mut factor) = (Vec::new(), Vec::new());
+        for (i, p) in self.points(v, e.start.min(onset), end) {
+            let d = Distance::of(p, self.stats(v, i), opts);
+            dist.push(d.robust(sigmas));
+            factor.push(d.factor());
+        }
+        confidence.median_distance = stats::median(&mut dist).unwrap_or(0.0);
+        confidence.slowdown = stats::median(&mut factor).unwrap_or(1.0);
+        let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
+        let pinned = ev.iops_cv <= opts.throttle_cv && sums.r_iops_mean <= 0.8;
+        let kind = if erroring {
+            ChokepointKind::Erroring
+        } else if pinned {
+            let burstable =
+                credit_model.is_some() || s.model.as_ref().is_none_or(|m| m.kind.is_empty());
+            if ev.fine_before && burstable {
+                ChokepointKind::CreditExhaustion
+            } else {
+                ChokepointKind::Throttled
+            }
+        } else {
+            ChokepointKind::FailSlow
+        };
+        ev.credit = credit_model.map(|m| self.credit_check(v, m, first, onset, end));
+
+        // With a known credit model, a cliff to exactly the baseline at the moment the model
+        // predicts from the demand before it is credit exhaustion even when the history before
+        // it is too short to call "fine" on its own (a bucket drained in a few intervals).
+        let kind = match &ev.credit {
+            Some(c)
+                if kind == ChokepointKind::Throttled
+                    && c.onset_matches_forecast
+                    && c.at_baseline =>
+            {
+                ChokepointKind::CreditExhaustion
+            }
+            _ => kind,
+        };
+        let impact = impact(
+            sums.cluster_iops,
+            ev.iops,
+            ev.peer_iops,
+            ev.latency_mean_us,
+            ev.peer_latency_mean_us,
+        );
+        let confidence = confidence.finish(kind, opts);
+        let verdict = VolumeVerdict {
+            node: s.node.clone(),
+            volume: s.volume.clone(),
+            role: s.role.clone(),
+            model: s.model.clone(),
+            kind,
+            onset_ms: self.lay.start_ms(onset),
+            onset_interval: onset,
+            score: e.peak,
+            evidence: ev,
+            confidence,
+            impact,
+        };
+        (verdict, onset)
+    }
+
+    /// The evidence figures of a volume verdict over onset..end (and before the onset), the
+    /// sums the kind and impact need, and the confidence figures.
+    fn evidence(
+        &self,
+        v: usize,
+        first: usize,
+        onset: usize,
+        end: usize,
+    ) -> (Evidence, EvidenceSums, Confidence) {
+        let s = &self.t.volumes[v];
+        let opts = self.opts;
         let mut ev = Evidence {
             peers: self.lay.roles[self.lay.role_of[v]]
                 .members
@@ -1165,9 +1577,8 @@ impl Ctx<'_> {
         for (i, p) in self.points(v, onset, end) {
             let ps = self.stats(v, i);
             let rel = relative(p, ps, opts);
-            let f = flags(p, ps, self.hist_p90(v, i), opts);
             ev.intervals += 1;
-            ev.flagged_intervals += (f & FLAGGED != 0) as u32;
+            ev.flagged_intervals += (self.flags[v][i] & FLAGGED != 0) as u32;
             iops.push(p.iops());
             peer_iops.push(rel.peer_iops.unwrap_or(0.0));
             r_iops_sum += rel.r_iops.unwrap_or(1.0);
@@ -1213,91 +1624,67 @@ impl Ctx<'_> {
         ev.iops_before = (!before.is_empty()).then(|| mean(&before));
         ev.fine_before = before.len() >= opts.persistence as usize
             && stats::median(&mut bad_before).is_some_and(|b| b < 0.3);
-
-        let credit_model = s.model.as_ref().and_then(CreditModel::for_volume);
-        let pinned = ev.iops_cv <= opts.throttle_cv && r_iops_sum / k <= 0.8;
-        let kind = if erroring {
-            ChokepointKind::Erroring
-        } else if pinned {
-            let burstable =
-                credit_model.is_some() || s.model.as_ref().is_none_or(|m| m.kind.is_empty());
-            if ev.fine_before && burstable {
-                ChokepointKind::CreditExhaustion
-            } else {
-                ChokepointKind::Throttled
-            }
-        } else {
-            ChokepointKind::FailSlow
+        let spread = self.peers.spread[self.lay.role_of[v]];
+        let confidence = Confidence {
+            level: ConfidenceLevel::Sure,
+            flagged_intervals: ev.flagged_intervals,
+            intervals: ev.intervals,
+            median_distance: 0.0,
+            peer_cv: spread.lat.unwrap_or(f64::NAN),
+            peer_iops_cv: spread.iops.unwrap_or(f64::NAN),
+            slowdown: 1.0,
         };
+        let sums = EvidenceSums {
+            r_iops_mean: r_iops_sum / k,
+            cluster_iops: cluster / k,
+        };
+        (ev, sums, confidence)
+    }
 
-        if let Some(m) = credit_model {
-            let ts = TimeScales::new(opts).of(s);
-            let pre: Vec<f64> = self
-                .points(v, first, onset)
-                .map(|(_, p)| m.demand(p))
-                .collect();
-            let mut post: Vec<f64> = self
-                .points(v, onset, end)
-                .map(|(_, p)| m.demand(p))
-                .collect();
-            let demand_before = mean(&pre);
-            // The level after the cliff is the median: the bucket empties inside the onset
-            // interval, which is mostly burst, and its mean would lift a baseline of 180 to 250
-            // over 18 intervals.
-            let rate_after = stats::median(&mut post).unwrap_or(0.0);
-            let forecast_onset_ms = (!pre.is_empty())
-                .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
-                .flatten()
-                .map(|s| self.lay.start_ms(first) + (s * 1000.0).round() as u64);
-            let onset_ms = self.lay.start_ms(onset);
-            let matches = forecast_onset_ms.is_some_and(|f| {
-                (f as f64 - onset_ms as f64).abs()
-                    <= opts.forecast_tolerance * f as f64 + 2.0 * self.lay.interval_ms as f64
-            });
-            ev.credit = Some(CreditCheck {
-                model: m.clone(),
-                time_scale: ts,
-                demand_before,
-                forecast_onset_ms,
-                onset_matches_forecast: matches,
-                at_baseline: (rate_after - m.baseline).abs() <= 0.15 * m.baseline,
-                rate_after,
-            });
+    /// Credit-model evidence: the demand before the onset, the forecast onset from a full
+    /// bucket, whether the measured onset matches it, and the rate after.
+    fn credit_check(
+        &self,
+        v: usize,
+        m: CreditModel,
+        first: usize,
+        onset: usize,
+        end: usize,
+    ) -> CreditCheck {
+        let s = &self.t.volumes[v];
+        let opts = self.opts;
+        let ts = TimeScales::new(opts).of(s);
+        let pre: Vec<f64> = self
+            .points(v, first, onset)
+            .map(|(_, p)| m.demand(p))
+            .collect();
+        let mut post: Vec<f64> = self
+            .points(v, onset, end)
+            .map(|(_, p)| m.demand(p))
+            .collect();
+        let demand_before = mean(&pre);
+        // The level after the cliff is the median: the bucket empties inside the onset
+        // interval, which is mostly burst, and its mean would lift a baseline of 180 to 250
+        // over 18 intervals.
+        let rate_after = stats::median(&mut post).unwrap_or(0.0);
+        let forecast_onset_ms = (!pre.is_empty())
+            .then(|| m.seconds_to_empty(m.bucket, demand_before, ts))
+            .flatten()
+            .map(|s| self.lay.start_ms(first) + (s * 1000.0).round() as u64);
+        let onset_ms = self.lay.start_ms(onset);
+        let matches = forecast_onset_ms.is_some_and(|f| {
+            (f as f64 - onset_ms as f64).abs()
+                <= opts.forecast_tolerance * f as f64 + 2.0 * self.lay.interval_ms as f64
+        });
+        CreditCheck {
+            time_scale: ts,
+            demand_before,
+            forecast_onset_ms,
+            onset_matches_forecast: matches,
+            at_baseline: (rate_after - m.baseline).abs() <= 0.15 * m.baseline,
+            rate_after,
+            model: m,
         }
-
-        // With a known credit model, a cliff to exactly the baseline at the moment the model
-        // predicts from the demand before it is credit exhaustion even when the history before
-        // it is too short to call "fine" on its own (a bucket drained in a few intervals).
-        let kind = match &ev.credit {
-            Some(c)
-                if kind == ChokepointKind::Throttled
-                    && c.onset_matches_forecast
-                    && c.at_baseline =>
-            {
-                ChokepointKind::CreditExhaustion
-            }
-            _ => kind,
-        };
-        let impact = impact(
-            cluster / k,
-            ev.iops,
-            ev.peer_iops,
-            ev.latency_mean_us,
-            ev.peer_latency_mean_us,
-        );
-        let verdict = VolumeVerdict {
-            node: s.node.clone(),
-            volume: s.volume.clone(),
-            role: s.role.clone(),
-            model: s.model.clone(),
-            kind,
-            onset_ms: self.lay.start_ms(onset),
-            onset_interval: onset,
-            score: e.peak,
-            evidence: ev,
-            impact,
-        };
-        (verdict, onset)
     }
 
     /// See [`Evidence::latency_robust_z`].
@@ -1324,12 +1711,6 @@ impl Ctx<'_> {
         let (m, mad) = stats::median_mad(&mut peer_logs).unwrap_or((0.0, 0.0));
         let sigma = mad * MAD_TO_SIGMA;
         ((sigma > 0.0).then(|| (lat.ln() - m) / sigma), sigma)
-    }
-
-    fn hist_p90(&self, v: usize, i: usize) -> Option<f64> {
-        self.hist[v]
-            .filter(|&(_, from)| i >= from)
-            .map(|(p90, _)| p90)
     }
 }
 
@@ -1369,11 +1750,14 @@ fn node_and_volume_verdicts(
         *node_sizes.entry(s.node.as_str()).or_default() += 1;
     }
     let mut out = Vec::new();
-    for (node, group) in by_node {
+    for (node, mut group) in by_node {
         let total = node_sizes[node];
         let together =
             group.iter().map(|(_, e)| e.start).max() <= group.iter().map(|(_, e)| e.last).min();
         let needed = ((ctx.opts.node_fraction * total as f64).ceil() as usize).max(2);
+        if together && total >= 2 && group.len() < needed {
+            add_companions(ctx, node, &mut group);
+        }
         if total >= 2 && group.len() >= needed && together {
             out.push(node_verdict(ctx, node, total, &group));
         } else {
@@ -1385,6 +1769,39 @@ fn node_and_volume_verdicts(
         }
     }
     out
+}
+
+/// Adds to a node's suspects the other volumes of the node that were degraded (at least
+/// half-way to flagged) in most of the suspects' common window without reaching the score
+/// themselves. A slowdown of a whole node
+/// near the limits brings some of its volumes to the threshold and leaves others just short;
+/// blaming those that made it one by one would name volumes for what is the node.
+fn add_companions(ctx: &Ctx, node: &str, group: &mut Vec<(usize, Episode)>) {
+    let from = group.iter().map(|(_, e)| e.start).max().unwrap_or(0);
+    let to = group.iter().map(|(_, e)| e.last).min().unwrap_or(0) + 1;
+    let Some(&(_, like)) = group.first() else {
+        return;
+    };
+    for (v, s) in ctx.t.volumes.iter().enumerate() {
+        if s.node != node || group.iter().any(|&(u, _)| u == v) {
+            continue;
+        }
+        let (mut flagged, mut seen) = (0usize, 0usize);
+        for (i, _) in ctx.points(v, from, to) {
+            seen += 1;
+            flagged += (ctx.flags[v][i] & (FLAGGED | DEGRADED) != 0) as usize;
+        }
+        if seen > 0 && flagged * 2 >= seen {
+            let e = Episode {
+                start: from,
+                blamed_at: from,
+                last: to - 1,
+                peak: 0,
+                ..like
+            };
+            group.push((v, e));
+        }
+    }
 }
 
 fn node_verdict(
@@ -1447,9 +1864,42 @@ fn node_verdict(
         iops,
         peer_iops,
         iops_cv,
+        confidence: node_confidence(ctx, group, onset, end),
         impact: impact(cluster, iops, peer_iops, lat, peer_lat),
     };
     (Verdict::Node(v), (score, onset))
+}
+
+/// A node verdict's confidence: the same figures as a volume's, over all its degraded volumes
+/// from the onset to the end of their episodes.
+fn node_confidence(ctx: &Ctx, group: &[(usize, Episode)], onset: usize, end: usize) -> Confidence {
+    let (mut dist, mut factor, mut flagged, mut intervals) = (Vec::new(), Vec::new(), 0, 0);
+    let mut peer_cv = (f64::NAN, f64::NAN);
+    for &(v, _) in group {
+        let spread = ctx.peers.spread[ctx.lay.role_of[v]];
+        peer_cv = (
+            spread.lat.unwrap_or(f64::NAN),
+            spread.iops.unwrap_or(f64::NAN),
+        );
+        let sigmas = spread.sigmas(ctx.opts);
+        for (i, p) in ctx.points(v, onset, end) {
+            let d = Distance::of(p, ctx.stats(v, i), ctx.opts);
+            dist.push(d.robust(sigmas));
+            factor.push(d.factor());
+            intervals += 1;
+            flagged += (ctx.flags[v][i] & FLAGGED != 0) as u32;
+        }
+    }
+    Confidence {
+        level: ConfidenceLevel::Sure,
+        flagged_intervals: flagged,
+        intervals,
+        median_distance: stats::median(&mut dist).unwrap_or(0.0),
+        peer_cv: peer_cv.0,
+        peer_iops_cv: peer_cv.1,
+        slowdown: stats::median(&mut factor).unwrap_or(1.0),
+    }
+    .finish(ChokepointKind::Throttled, ctx.opts)
 }
 
 fn cluster_verdict(ctx: &Ctx, eps: &[(usize, Episode)]) -> Option<Verdict> {

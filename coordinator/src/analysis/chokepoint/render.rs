@@ -30,6 +30,10 @@ pub fn render_text(r: &ChokepointReport) -> String {
             lg.outstanding_ratio * 100.0
         );
     }
+    for v in &r.suspects {
+        s.push_str(&suspect_text(v));
+        s.push('\n');
+    }
     for f in &r.forecasts {
         if let Some(line) = forecast_text(f) {
             s.push_str(&line);
@@ -39,6 +43,39 @@ pub fn render_text(r: &ChokepointReport) -> String {
     s
 }
 
+/// "confidence: sure (30 of 30 intervals flagged, typically 8.2 robust sigmas and 1.5x
+/// slower than its peers' center; peers' spread 2.1% latency, 0.4% IOPS)".
+fn confidence_text(c: &super::Confidence) -> String {
+    let spread = |x: f64| {
+        if x.is_finite() {
+            percent(x)
+        } else {
+            "unmeasured".to_string()
+        }
+    };
+    format!(
+        "confidence: {} ({} of {} intervals flagged, typically {:.1} robust sigmas and {:.2}x slower than its peers' center; peers' spread {} latency, {} IOPS)",
+        c.level.as_str(),
+        c.flagged_intervals,
+        c.intervals,
+        c.median_distance,
+        c.slowdown,
+        spread(c.peer_cv),
+        spread(c.peer_iops_cv),
+    )
+}
+
+/// A volume that is persistent enough to be named but not clearly out: shown, not blamed.
+fn suspect_text(v: &VolumeVerdict) -> String {
+    format!(
+        "suspect, not yet sure: node {}, volume {} from t={}: {}",
+        v.node,
+        v.volume,
+        format_duration_ms(v.onset_ms),
+        confidence_text(&v.confidence)
+    )
+}
+
 /// What the live view shows: the verdict's first line, then the credit buckets that have not
 /// run out yet, soonest first (at most `max_forecasts`). A cliff is worth seeing before it
 /// happens, while there is still time to stop the run or resize the volume.
@@ -46,6 +83,9 @@ pub fn live_lines(r: &ChokepointReport, max_forecasts: usize) -> Vec<String> {
     let mut first = String::new();
     verdict_text(&mut first, &r.verdict, true);
     let mut lines: Vec<String> = first.lines().take(1).map(str::to_string).collect();
+    if matches!(r.verdict, Verdict::None) {
+        lines.extend(r.suspects.first().map(suspect_text));
+    }
     let mut upcoming: Vec<&CreditForecast> = r
         .forecasts
         .iter()
@@ -85,6 +125,9 @@ fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
                 more(n.impact.independent_speedup),
                 small_gain_note(n.impact.independent_speedup, n.impact.barrier_speedup, "node"),
             );
+            if detail {
+                let _ = writeln!(s, "  {}", confidence_text(&n.confidence));
+            }
         }
         Verdict::ClusterWide(c) => {
             let _ = writeln!(
@@ -183,6 +226,7 @@ fn volume_text(s: &mut String, v: &VolumeVerdict, detail: bool) {
         e.intervals,
         v.score,
     );
+    let _ = writeln!(s, "  {}", confidence_text(&v.confidence));
     if let Some(c) = &e.credit {
         let unit = c.model.unit.rate_name();
         let _ = write!(

@@ -4,6 +4,8 @@
 //! (`workload`), the runner and the reports. Every field has fio's meaning and fio's default, so a
 //! job file that works with fio means the same thing here. Sizes are bytes, times are durations.
 
+pub mod errpolicy;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -201,7 +203,7 @@ pub struct JobSpec {
     pub verify: Option<VerifyKind>,
     /// `continue_on_error` and `ignore_error`: the errors the job counts and goes on after
     /// instead of stopping (none by default, as in fio).
-    pub on_error: crate::errpolicy::ErrorPolicy,
+    pub on_error: crate::job::errpolicy::ErrorPolicy,
     /// An IO that takes longer than this is listed as stuck (`stuck_timeout`, a lockstep
     /// extension named as proposed in fio issue #2012); zero turns the list off.
     pub stuck_timeout: Duration,

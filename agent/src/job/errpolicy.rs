@@ -11,7 +11,7 @@
 //! - every error of a kind the job goes on for is counted (`total_err`, `first_error`), also
 //!   the one that finally stops it, as fio's `update_error_count` does.
 
-use crate::job::Direction;
+use super::Direction;
 
 /// fio's error kinds, in fio's bit order (`ERROR_TYPE_*_BIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
