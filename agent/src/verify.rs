@@ -732,6 +732,24 @@ pub fn verify_paths(paths: &[PathBuf]) -> Result<VerifyReport, StateError> {
 }
 
 /// A readable account of a report: the counts, then every finding by file and offset.
+/// One finding as the reports print it: `Lost /v/f@4096 len 4096: expected generation 3`.
+impl std::fmt::Display for Finding {
+    fn fmt(&self, out: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            out,
+            "{:?} {}@{} len {}: expected generation {}",
+            self.kind, self.file, self.offset, self.len, self.expected
+        )?;
+        if let Some(g) = self.found {
+            write!(out, ", found generation {g}")?;
+        }
+        if !self.detail.is_empty() {
+            write!(out, " ({})", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
 pub fn render_text(r: &VerifyReport) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
@@ -745,19 +763,7 @@ pub fn render_text(r: &VerifyReport) -> String {
         let _ = writeln!(o, "  state: {s}");
     }
     for f in &r.findings {
-        let found = f
-            .found
-            .map_or(String::new(), |g| format!(", found generation {g}"));
-        let detail = if f.detail.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", f.detail)
-        };
-        let _ = writeln!(
-            o,
-            "  {:?} {}@{} len {}: expected generation {}{found}{detail}",
-            f.kind, f.file, f.offset, f.len, f.expected
-        );
+        let _ = writeln!(o, "  {f}");
     }
     if (r.bad() as usize) > r.findings.len() {
         let _ = writeln!(

@@ -54,19 +54,7 @@ pub fn render_stuck_and_verify(r: &RunResults) -> String {
                 );
             }
             for f in rep.findings.iter().take(10) {
-                let found = f
-                    .found
-                    .map_or(String::new(), |g| format!(", found generation {g}"));
-                let detail = if f.detail.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", f.detail)
-                };
-                let _ = writeln!(
-                    o,
-                    "      {:?} {}@{} len {}: expected generation {}{found}{detail}",
-                    f.kind, f.file, f.offset, f.len, f.expected
-                );
+                let _ = writeln!(o, "      {f}");
             }
             if rep.findings.len() > 10 {
                 let _ = writeln!(
