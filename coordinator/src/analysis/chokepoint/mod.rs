@@ -211,8 +211,9 @@ pub struct Evidence {
     pub latency_mean_us: f64,
     pub peer_latency_mean_us: f64,
     /// How far its latency sits from its peers' in robust sigmas: over the same intervals, each
-    /// peer's median latency; then (ln of its own - median of the peers' ln) / (1.4826 x MAD).
-    /// `None` with fewer than 3 peers or no spread among them.
+    /// peer's median latency; then (ln of its own - median of the peers' ln) / (1.4826 x MAD),
+    /// the spread floored at `spread_floor` as the flags floor it. `None` with fewer than 3
+    /// peers.
     pub latency_robust_z: Option<f64>,
     /// The peers' spread of latency (1.4826 x MAD of ln latency: 0.1 is about +-10%).
     pub peer_latency_spread: f64,
@@ -1710,7 +1711,10 @@ impl Ctx<'_> {
         }
         let (m, mad) = stats::median_mad(&mut peer_logs).unwrap_or((0.0, 0.0));
         let sigma = mad * MAD_TO_SIGMA;
-        ((sigma > 0.0).then(|| (lat.ln() - m) / sigma), sigma)
+        // Measured against the spread the flags use (never below `spread_floor`), so the
+        // evidence and the confidence line speak of the same sigmas.
+        let used = sigma.max(self.opts.spread_floor.max(1e-6));
+        (Some((lat.ln() - m) / used), sigma)
     }
 }
 
