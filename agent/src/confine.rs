@@ -162,11 +162,12 @@ pub fn check_private(path: &Path, file: &File) -> io::Result<()> {
     Ok(())
 }
 
-/// Says what a target that is not a regular file is, for the error message.
-fn not_regular(path: &Path, meta: &std::fs::Metadata) -> io::Error {
-    let t = meta.file_type();
-    let what = if t.is_symlink() {
+/// What kind of file this is, for error messages ("a FIFO").
+pub fn file_kind(t: std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
         "a symbolic link"
+    } else if t.is_file() {
+        "a regular file"
     } else if t.is_dir() {
         "a directory"
     } else if t.is_block_device() {
@@ -179,12 +180,17 @@ fn not_regular(path: &Path, meta: &std::fs::Metadata) -> io::Error {
         "a socket"
     } else {
         "not a regular file"
-    };
+    }
+}
+
+/// Says what a target that is not a regular file is, for the error message.
+fn not_regular(path: &Path, meta: &std::fs::Metadata) -> io::Error {
     io::Error::new(
         io::ErrorKind::PermissionDenied,
         format!(
-            "{} is {what}; inside a volume lockstep only uses regular files: remove it",
-            path.display()
+            "{} is {}; inside a volume lockstep only uses regular files: remove it",
+            path.display(),
+            file_kind(meta.file_type())
         ),
     )
 }

@@ -222,22 +222,30 @@ pub fn plan_files(spec: &JobSpec, clone: u32) -> Result<Vec<PlannedFile>, Layout
 /// storage IO. Inside a volume only regular files are used, and a link is named as such.
 fn check_target_type(spec: &JobSpec, path: &Path, m: &std::fs::Metadata) -> Result<(), String> {
     let t = m.file_type();
-    let what = if t.is_symlink() {
-        "a symbolic link; lockstep never follows links inside a volume: remove the link"
-    } else if t.is_file() || t.is_block_device() && !matches!(spec.scope, Scope::Beneath(_)) {
+    if t.is_file() || t.is_block_device() && !matches!(spec.scope, Scope::Beneath(_)) {
         return Ok(());
+    }
+    let advice = if t.is_symlink() {
+        "lockstep never follows links inside a volume: remove the link"
     } else if t.is_block_device() {
-        "a block device inside a directory volume; give the device itself as a volume"
+        "give the device itself as a volume"
     } else if t.is_dir() {
-        "a directory; name a file, or use directory= for the files' directory"
-    } else if t.is_char_device() {
-        "a character device; lockstep does IO on regular files and block devices only"
-    } else if t.is_fifo() {
-        "a FIFO; lockstep does IO on regular files and block devices only"
+        "name a file, or use directory= for the files' directory"
+    } else if t.is_char_device() || t.is_fifo() {
+        "lockstep does IO on regular files and block devices only"
     } else {
-        "not a regular file or block device; lockstep does IO on those only"
+        return Err(format!(
+            "{} is not a regular file or block device; lockstep does IO on those only",
+            path.display()
+        ));
     };
-    Err(format!("{} is {what}", path.display()))
+    let kind = confine::file_kind(t);
+    let place = if t.is_block_device() {
+        " inside a directory volume"
+    } else {
+        ""
+    };
+    Err(format!("{} is {kind}{place}; {advice}", path.display()))
 }
 
 /// A local job file may name any path, so what existed before the run is only read, and only
