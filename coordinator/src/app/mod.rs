@@ -254,53 +254,6 @@ pub fn analysis_options(a: &Assignment) -> AnalysisOptions {
     opts
 }
 
-/// What the credit forecast said before a credit cliff, against when the cliff came.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ForecastCheck {
-    pub node: String,
-    pub volume: String,
-    /// The forecast used the data up to here (half-way to the onset, as a live view would).
-    pub made_at_ms: u64,
-    pub predicted_ms: u64,
-    pub actual_onset_ms: u64,
-    /// (predicted - actual) / actual onset, percent.
-    pub error_pct: f64,
-}
-
-/// For a credit-exhaustion chokepoint: the forecast the finder makes from the timeline cut
-/// half-way to the onset (what the live view showed then), compared with the actual onset.
-pub fn forecast_before_cliff(
-    t: &crate::results::timeline::Timeline,
-    opts: &AnalysisOptions,
-    final_report: &chokepoint::ChokepointReport,
-) -> Option<ForecastCheck> {
-    let Verdict::Volume(v) = &final_report.verdict else {
-        return None;
-    };
-    if v.kind != chokepoint::ChokepointKind::CreditExhaustion || v.onset_ms == 0 {
-        return None;
-    }
-    let cut = v.onset_ms / 2;
-    let mut early = t.clone();
-    for s in &mut early.volumes {
-        s.points.retain(|p| p.t_ms <= cut);
-    }
-    let r = chokepoint::analyze(&early, opts);
-    let f = r
-        .forecasts
-        .iter()
-        .find(|f| f.node == v.node && f.volume == v.volume)?;
-    let predicted = f.runs_out_at_ms?;
-    Some(ForecastCheck {
-        node: v.node.clone(),
-        volume: v.volume.clone(),
-        made_at_ms: cut,
-        predicted_ms: predicted,
-        actual_onset_ms: v.onset_ms,
-        error_pct: (predicted as f64 - v.onset_ms as f64) / v.onset_ms as f64 * 100.0,
-    })
-}
-
 /// Evaluates the plan's objectives on the results (latency from merged histograms). An
 /// objective fails on every volume, node or cluster it covers whose data is incomplete (see
 /// `results::incomplete_volumes`), with the reason: what was not measured cannot pass.
@@ -590,30 +543,12 @@ pub(crate) async fn run_resolved(
     let mut results = output.results;
     crate::analysis::drill::collect_finals(&mut results, &output.finals);
     results.objectives = evaluate_objectives(&assignment, &results);
-    let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
-    let text = chokepoint::render_text(&analysis);
+    let opts = analysis_options(&assignment);
+    let mut analysis = chokepoint::analyze(&results.timeline, &opts);
+    analysis.forecast_before_cliff =
+        chokepoint::forecast_before_cliff(&results.timeline, &opts, &analysis);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
-    let mut value = serde_json::to_value(&analysis)?;
-    let before =
-        forecast_before_cliff(&results.timeline, &analysis_options(&assignment), &analysis);
-    let mut text = text;
-    if let Some(b) = &before {
-        text.push_str(&format!(
-            "forecast made before the cliff, at t={:.0}s: credits run out at t={:.0}s; they did at t={:.0}s ({:+.1}%)\n",
-            b.made_at_ms as f64 / 1000.0,
-            b.predicted_ms as f64 / 1000.0,
-            b.actual_onset_ms as f64 / 1000.0,
-            b.error_pct
-        ));
-    }
-    if let Some(o) = value.as_object_mut() {
-        o.insert("text".into(), serde_json::Value::String(text));
-        o.insert(
-            "forecast_before_cliff".into(),
-            serde_json::to_value(&before)?,
-        );
-    }
-    results.chokepoint = Some(value);
+    results.chokepoint = Some(analysis);
     if !results.faults.is_empty() && unwritten.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
         let entries = crate::results::hlog::read(&hlog_path)

@@ -6,6 +6,7 @@
 //! time and so includes time an IO waited behind a slow one (no coordinated omission). Both are
 //! kept so the difference is visible.
 
+pub mod chokepoint;
 pub mod clock;
 pub mod curve;
 pub mod drill;
@@ -236,7 +237,7 @@ pub struct RunResults {
     pub timeline: Timeline,
     pub objectives: Vec<ObjectiveResult>,
     #[serde(default)]
-    pub chokepoint: Option<serde_json::Value>,
+    pub chokepoint: Option<chokepoint::ChokepointReport>,
     #[serde(default)]
     pub faults: Vec<FaultWindow>,
     /// Things the reader must know to trust the figures (Little's law, lost agents, ...).

@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::export::text::chokepoint::{live_lines, render_text};
 use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::scenario::{self, LoadMode, ScenarioKind, ScenarioRng, ScenarioSpec};
 
@@ -522,6 +523,7 @@ fn render_text_gives_the_product_sentence() {
         forecasts: vec![],
         suspects: Vec::new(),
         load_generator: None,
+        forecast_before_cliff: None,
     };
     let text = render_text(&r);
     let first = text.lines().next().unwrap();
