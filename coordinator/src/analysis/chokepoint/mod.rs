@@ -878,8 +878,105 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         depth_ratios,
     } = first_pass(t, &lay, &peers, opts);
 
-    // Cluster-wide guard per role: many volumes degraded together, or the role's median latency
-    // far above its own history.
+    let ClusterGuard {
+        neutral,
+        episodes: cluster_eps,
+        all: cluster_all,
+    } = cluster_guard(&lay, &peers, &degraded_count, opts);
+
+    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
+
+    let ctx = Ctx {
+        t,
+        lay: &lay,
+        peers: &peers,
+        opts,
+        flags: &flags,
+        neutral: &neutral,
+    };
+    let volumes = volume_scores(t, &lay, &tracks);
+
+    // Suspects, less those whose episode began with a cluster-wide episode of their role.
+    let suspects: Vec<(usize, Episode)> = tracks
+        .iter()
+        .enumerate()
+        .filter_map(|(v, p)| p.best.map(|e| (v, e)))
+        .filter(|&(v, e)| {
+            !cluster_all.iter().any(|&(r, c)| {
+                r == lay.role_of[v]
+                    && e.start + 2 * threshold as usize >= c.start
+                    && e.start <= c.start + 2 * threshold as usize
+            })
+        })
+        .collect();
+
+    // Volume findings the finder is not sure of are suspects, not verdicts.
+    let (candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
+        .into_iter()
+        .partition(|(c, _)| match c {
+            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
+            _ => true,
+        });
+    let suspects: Vec<VolumeVerdict> = not_sure
+        .into_iter()
+        .filter_map(|(c, _)| match c {
+            Verdict::Volume(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let cluster = cluster_verdict(&ctx, &cluster_eps);
+    let load_generator = load_generator_evidence(&depth_ratios, opts);
+
+    let (verdict, also) = choose_verdict(t, opts, candidates, cluster, load_generator.clone());
+
+    let forecasts = credit_forecasts(t, &lay, opts);
+
+    let cluster_episodes = cluster_eps
+        .iter()
+        .map(|&(r, e)| ClusterEpisode {
+            role: lay.roles[r].name.clone(),
+            start_ms: lay.start_ms(e.start),
+            end_ms: (e.end < n).then(|| lay.start_ms(e.end)),
+            peak_score: e.peak,
+        })
+        .collect();
+
+    ChokepointReport {
+        verdict,
+        also,
+        interval_ms: lay.interval_ms,
+        intervals: n,
+        analyzed_through_ms: lay.end_ms,
+        volumes,
+        cluster_episodes,
+        forecasts,
+        load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
+        suspects,
+        forecast_before_cliff: None,
+    }
+}
+
+/// The cluster-wide guard's output per role.
+struct ClusterGuard {
+    /// Per role and interval: neutral for single volumes (marked, or near a persistent
+    /// cluster-wide episode).
+    neutral: Vec<Vec<bool>>,
+    /// Each role's worst persistent episode.
+    episodes: Vec<(usize, Episode)>,
+    /// Every persistent episode of every role.
+    all: Vec<(usize, Episode)>,
+}
+
+/// Cluster-wide guard per role: many volumes degraded together, or the role's median latency
+/// far above its own history.
+fn cluster_guard(
+    lay: &Layout,
+    peers: &Peers,
+    degraded_count: &[Vec<u32>],
+    opts: &AnalysisOptions,
+) -> ClusterGuard {
+    let n = lay.intervals;
+    let threshold = opts.persistence.max(1);
     let mut neutral: Vec<Vec<bool>> = Vec::with_capacity(lay.roles.len());
     let mut cluster_eps: Vec<(usize, Episode)> = Vec::new();
     let mut cluster_all: Vec<(usize, Episode)> = Vec::new();
@@ -926,20 +1023,17 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         neutral.push(neutral_r);
     }
 
-    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
+    ClusterGuard {
+        neutral,
+        episodes: cluster_eps,
+        all: cluster_all,
+    }
+}
 
-    let ctx = Ctx {
-        t,
-        lay: &lay,
-        peers: &peers,
-        opts,
-        flags: &flags,
-        neutral: &neutral,
-    };
-    let volumes: Vec<VolumeScore> = t
-        .volumes
+fn volume_scores(t: &Timeline, lay: &Layout, tracks: &[Persistence]) -> Vec<VolumeScore> {
+    t.volumes
         .iter()
-        .zip(&tracks)
+        .zip(tracks)
         .map(|(s, p)| VolumeScore {
             node: s.node.clone(),
             volume: s.volume.clone(),
@@ -950,40 +1044,18 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
             suspect: p.best.is_some(),
             episode_start_ms: p.best.map(|e| lay.start_ms(e.start)),
         })
-        .collect();
+        .collect()
+}
 
-    // Suspects, less those whose episode began with a cluster-wide episode of their role.
-    let suspects: Vec<(usize, Episode)> = tracks
-        .iter()
-        .enumerate()
-        .filter_map(|(v, p)| p.best.map(|e| (v, e)))
-        .filter(|&(v, e)| {
-            !cluster_all.iter().any(|&(r, c)| {
-                r == lay.role_of[v]
-                    && e.start + 2 * threshold as usize >= c.start
-                    && e.start <= c.start + 2 * threshold as usize
-            })
-        })
-        .collect();
-
-    // Volume findings the finder is not sure of are suspects, not verdicts.
-    let (mut candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
-        .into_iter()
-        .partition(|(c, _)| match c {
-            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
-            _ => true,
-        });
-    let suspects: Vec<VolumeVerdict> = not_sure
-        .into_iter()
-        .filter_map(|(c, _)| match c {
-            Verdict::Volume(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    let cluster = cluster_verdict(&ctx, &cluster_eps);
-    let load_generator = load_generator_evidence(&depth_ratios, opts);
-
-    // Many nodes limited at once is not one node.
+/// The main verdict and the weaker ones: many nodes limited at once is cluster-wide, then the
+/// worst node or volume, then cluster-wide, then the load generator.
+fn choose_verdict(
+    t: &Timeline,
+    opts: &AnalysisOptions,
+    mut candidates: Vec<(Verdict, (u32, usize))>,
+    cluster: Option<Verdict>,
+    load_generator: Option<LoadGeneratorEvidence>,
+) -> (Verdict, Vec<Verdict>) {
     let node_count = t
         .volumes
         .iter()
@@ -1019,9 +1091,13 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         verdict = Verdict::None;
     }
 
+    (verdict, also)
+}
+
+/// When each volume with a credit model runs out of credits at its measured demand.
+fn credit_forecasts(t: &Timeline, lay: &Layout, opts: &AnalysisOptions) -> Vec<CreditForecast> {
     let scales = TimeScales::new(opts);
-    let forecasts = t
-        .volumes
+    t.volumes
         .iter()
         .filter_map(|s| {
             let m = CreditModel::for_volume(s.model.as_ref()?)?;
@@ -1035,31 +1111,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
                 lay.interval_ms,
             ))
         })
-        .collect();
-
-    let cluster_episodes = cluster_eps
-        .iter()
-        .map(|&(r, e)| ClusterEpisode {
-            role: lay.roles[r].name.clone(),
-            start_ms: lay.start_ms(e.start),
-            end_ms: (e.end < n).then(|| lay.start_ms(e.end)),
-            peak_score: e.peak,
-        })
-        .collect();
-
-    ChokepointReport {
-        verdict,
-        also,
-        interval_ms: lay.interval_ms,
-        intervals: n,
-        analyzed_through_ms: lay.end_ms,
-        volumes,
-        cluster_episodes,
-        forecasts,
-        load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
-        suspects,
-        forecast_before_cliff: None,
-    }
+        .collect()
 }
 
 /// Baseline of a role's median latency series: its median over the history window.
