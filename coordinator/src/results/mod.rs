@@ -235,6 +235,11 @@ pub struct RunResults {
     /// agents x 8 volumes x 1 h it is gigabytes, and re-rendering a report must not read it.
     #[serde(skip)]
     pub timeline: Timeline,
+    /// Each agent's final report of each volume, as received (node, report): the per-job fio
+    /// figures of `fio.json` come from it. Kept in memory for the exporters, not in
+    /// `results.json` (its histograms are in the report's summaries already).
+    #[serde(skip)]
+    pub finals: Vec<(String, lockstep_proto::v1::VolumeResult)>,
     pub objectives: Vec<ObjectiveResult>,
     #[serde(default)]
     pub chokepoint: Option<chokepoint::ChokepointReport>,
