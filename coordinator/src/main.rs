@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use lockstep::app::{self as cli, AgentSource, RunRequest, RunSettings};
+use lockstep::orchestrate::local::LocalShape;
 
 /// lockstep: one storage benchmark across a whole cluster, started in lockstep, with the
 /// volume that holds the cluster back named.
@@ -97,9 +98,10 @@ enum Command {
 #[derive(clap::Args)]
 struct RunCli {
     plan: PathBuf,
-    /// Start N agents on this machine, each on its own directory.
-    #[arg(long, value_name = "N")]
-    local: Option<usize>,
+    /// Start N agents on this machine, each on its own directory ("data"); NxM: N agents of M
+    /// volumes each ("data1" .. "dataM", like a datanode's disks).
+    #[arg(long, value_name = "N[xM]")]
+    local: Option<LocalShape>,
     /// With --local: start the agents with --allow-exec, so the plan's exec faults may run
     /// commands on this machine.
     #[arg(long, requires = "local")]
@@ -141,8 +143,8 @@ struct RunCli {
 impl RunCli {
     fn into_request(self) -> RunRequest {
         let agents = match (self.local, self.etcd) {
-            (Some(count), _) => AgentSource::Local {
-                count,
+            (Some(shape), _) => AgentSource::Local {
+                shape,
                 allow_exec: self.allow_exec,
             },
             (None, Some(etcd)) => AgentSource::Registry {

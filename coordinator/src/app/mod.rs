@@ -20,7 +20,7 @@ use anyhow::{Context, bail};
 use crate::analysis::chokepoint::{self, AnalysisOptions, Verdict};
 use crate::app::live::LiveView;
 use crate::export;
-use crate::orchestrate::local::LocalCluster;
+use crate::orchestrate::local::{LocalCluster, LocalShape};
 use crate::orchestrate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
 use crate::plan::{self, AgentInfo, AgentVolume, Assignment, Plan};
 use crate::results::hlog::HlogWriter;
@@ -29,9 +29,10 @@ use crate::results::{RunResults, RunStatus};
 
 /// Where a run's agents come from.
 pub enum AgentSource {
-    /// `--local N`: N agents started on this machine, each on its own directory, stopped when
-    /// the run ends. `allow_exec` lets the plan's exec faults run commands here.
-    Local { count: usize, allow_exec: bool },
+    /// `--local N` or `NxM`: agents started on this machine, each volume on its own
+    /// directory, stopped when the run ends. `allow_exec` lets the plan's exec faults run
+    /// commands here.
+    Local { shape: LocalShape, allow_exec: bool },
     /// The live agents of the etcd registry (plans select them by label); the plan's
     /// `[[agent]]` list is not used.
     Registry {
@@ -301,8 +302,8 @@ async fn run_async(req: RunRequest, plan: Plan, out_dir: PathBuf) -> anyhow::Res
     let mut settings = req.settings;
     let mut local = None;
     let infos = match req.agents {
-        AgentSource::Local { count, allow_exec } => {
-            let cluster = start_local(count, allow_exec, &out_dir, settings.json).await?;
+        AgentSource::Local { shape, allow_exec } => {
+            let cluster = start_local(shape, allow_exec, &out_dir, settings.json).await?;
             let infos = local_infos(&cluster);
             settings.token = Some(cluster.token.clone());
             local = Some(cluster);
@@ -336,20 +337,24 @@ async fn run_async(req: RunRequest, plan: Plan, out_dir: PathBuf) -> anyhow::Res
 }
 
 async fn start_local(
-    n: usize,
+    shape: LocalShape,
     allow_exec: bool,
     out_dir: &Path,
     quiet: bool,
 ) -> anyhow::Result<LocalCluster> {
-    anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
     let volumes_root = out_dir.join("volumes");
     if !quiet {
+        let each = match shape.volumes_per_agent {
+            1 => String::new(),
+            m => format!(" of {m} volumes each"),
+        };
         eprintln!(
-            "lockstep: starting {n} local agents, volumes under {}",
+            "lockstep: starting {} local agents{each}, volumes under {}",
+            shape.agents,
             volumes_root.display()
         );
     }
-    Ok(LocalCluster::start(n, &volumes_root, Duration::from_secs(5), allow_exec).await?)
+    Ok(LocalCluster::start(shape, &volumes_root, Duration::from_secs(5), allow_exec).await?)
 }
 
 fn local_infos(cluster: &LocalCluster) -> Vec<AgentInfo> {
@@ -360,12 +365,16 @@ fn local_infos(cluster: &LocalCluster) -> Vec<AgentInfo> {
             name: a.name.clone(),
             address: a.address.clone(),
             labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
-            volumes: vec![AgentVolume {
-                name: "data".into(),
-                path: a.dir.clone(),
-                kind: "local".into(),
-                ..Default::default()
-            }],
+            volumes: a
+                .volumes
+                .iter()
+                .map(|(name, dir)| AgentVolume {
+                    name: name.clone(),
+                    path: dir.clone(),
+                    kind: "local".into(),
+                    ..Default::default()
+                })
+                .collect(),
         })
         .collect()
 }
