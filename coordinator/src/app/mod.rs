@@ -471,6 +471,8 @@ pub(crate) async fn run_resolved(
     let mut analysis = chokepoint::analyze(&results.timeline, &opts);
     analysis.forecast_before_cliff =
         chokepoint::forecast_before_cliff(&results.timeline, &opts, &analysis);
+    analysis.phases =
+        chokepoint::analyze_phases(&results.timeline, &measured_phases(&results), &opts);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
     results.chokepoint = Some(analysis);
     if !results.faults.is_empty() && unwritten.is_empty() {
@@ -508,6 +510,28 @@ pub(crate) async fn run_resolved(
     eprintln!("lockstep: results in {}", out_dir.display());
     let code = exit_code(&results, blamed && settings.fail_on_chokepoint);
     Ok(RunOutcome { results, code })
+}
+
+/// The measured phases' windows when there are several (a single phase is the whole run).
+fn measured_phases(r: &RunResults) -> Vec<chokepoint::PhaseWindow> {
+    let windows: Vec<chokepoint::PhaseWindow> = r
+        .phases
+        .iter()
+        .filter(|p| p.measured)
+        .map(|p| {
+            let start_ms = (p.start_unix_ms - r.start_unix_ms).max(0) as u64;
+            chokepoint::PhaseWindow {
+                name: p.name.clone(),
+                start_ms,
+                end_ms: start_ms + p.duration_ms,
+            }
+        })
+        .collect();
+    if windows.len() >= 2 {
+        windows
+    } else {
+        Vec::new()
+    }
 }
 
 fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {

@@ -291,6 +291,34 @@ pub struct ChokepointReport {
     /// application once the run is over; `None` in the live view).
     #[serde(default)]
     pub forecast_before_cliff: Option<ForecastBeforeCliff>,
+    /// Agents lost during the run: the verdict is about the cluster that ran without them
+    /// from then on.
+    #[serde(default)]
+    pub lost: Vec<LostNode>,
+    /// For plans of several measured phases, each phase's own analysis (a slowdown confined to
+    /// one phase is named there even when the whole run dilutes it).
+    #[serde(default)]
+    pub phases: Vec<PhaseChokepoint>,
+}
+
+/// A node whose agent was lost mid-run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LostNode {
+    pub node: String,
+    /// When its first volume stopped reporting, ms since the run's start.
+    pub at_ms: u64,
+    /// Its volumes, all of which were lost with it.
+    pub volumes: usize,
+}
+
+/// The finder's answer for one phase of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseChokepoint {
+    pub phase: String,
+    /// The phase's window, ms since the run's start.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub report: ChokepointReport,
 }
 
 /// What the credit forecast said before a credit cliff, against when the cliff came: the

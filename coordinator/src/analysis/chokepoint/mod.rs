@@ -953,7 +953,83 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
         suspects,
         forecast_before_cliff: None,
+        lost: lost_nodes(t),
+        phases: Vec::new(),
     }
+}
+
+/// Nodes whose every volume stopped reporting (a lost agent), with the time of the first loss.
+fn lost_nodes(t: &Timeline) -> Vec<LostNode> {
+    let mut by_node: BTreeMap<&str, (Option<u64>, usize, bool)> = BTreeMap::new();
+    for s in &t.volumes {
+        let e = by_node.entry(s.node.as_str()).or_insert((None, 0, true));
+        e.1 += 1;
+        match s.lost_at_ms {
+            Some(at) => e.0 = Some(e.0.map_or(at, |x: u64| x.min(at))),
+            None => e.2 = false,
+        }
+    }
+    by_node
+        .into_iter()
+        .filter_map(|(node, (at, volumes, all_lost))| {
+            Some(LostNode {
+                node: node.to_string(),
+                at_ms: at.filter(|_| all_lost)?,
+                volumes,
+            })
+        })
+        .collect()
+}
+
+/// A phase of the run by name and window (ms since the run's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseWindow {
+    pub name: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+/// Each phase analyzed on its own: the timeline cut to the phase's intervals (an interval
+/// belongs to the phase its end falls in). A phase gets the options of the whole run, so its
+/// first intervals are its warm-up and history, as a run's are.
+pub fn analyze_phases(
+    t: &Timeline,
+    phases: &[PhaseWindow],
+    opts: &AnalysisOptions,
+) -> Vec<PhaseChokepoint> {
+    phases
+        .iter()
+        .map(|p| {
+            let mut cut = Timeline {
+                interval_ms: t.interval_ms,
+                volumes: Vec::with_capacity(t.volumes.len()),
+                faults: t.faults.clone(),
+            };
+            for s in &t.volumes {
+                cut.volumes.push(VolumeSeries {
+                    node: s.node.clone(),
+                    volume: s.volume.clone(),
+                    role: s.role.clone(),
+                    model: s.model.clone(),
+                    configured_depth: s.configured_depth,
+                    target_iops: s.target_iops,
+                    lost_at_ms: s.lost_at_ms.filter(|&at| at <= p.end_ms),
+                    points: s
+                        .points
+                        .iter()
+                        .filter(|x| x.t_ms > p.start_ms && x.t_ms <= p.end_ms)
+                        .copied()
+                        .collect(),
+                });
+            }
+            PhaseChokepoint {
+                phase: p.name.clone(),
+                start_ms: p.start_ms,
+                end_ms: p.end_ms,
+                report: analyze(&cut, opts),
+            }
+        })
+        .collect()
 }
 
 /// The cluster-wide guard's output per role.

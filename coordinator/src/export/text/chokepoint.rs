@@ -16,6 +16,18 @@ use crate::results::timeline::VolumeModel;
 pub fn render_text(r: &ChokepointReport) -> String {
     let mut s = String::new();
     verdict_text(&mut s, &r.verdict, true);
+    for l in &r.lost {
+        let _ = writeln!(
+            s,
+            "{} lost at t={}; the cluster ran without it (and its {} from then on",
+            l.node,
+            format_duration_ms(l.at_ms),
+            match l.volumes {
+                1 => "volume)".to_string(),
+                n => format!("{n} volumes)"),
+            }
+        );
+    }
     for v in &r.also {
         s.push_str("also: ");
         verdict_text(&mut s, v, false);
@@ -41,6 +53,16 @@ pub fn render_text(r: &ChokepointReport) -> String {
             s.push_str(&line);
             s.push('\n');
         }
+    }
+    for p in &r.phases {
+        let _ = write!(
+            s,
+            "phase '{}' (t={} to {}): ",
+            p.phase,
+            format_duration_ms(p.start_ms),
+            format_duration_ms(p.end_ms)
+        );
+        verdict_text(&mut s, &p.report.verdict, false);
     }
     if let Some(b) = &r.forecast_before_cliff {
         let _ = writeln!(
