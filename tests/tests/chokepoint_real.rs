@@ -4,12 +4,12 @@
 //! `scripts/chokepoint-real.sh` runs each of them many times for the figures in
 //! docs/chokepoint.md.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use lockstep::export::read_run_dir;
 use lockstep::results::RunResults;
 use lockstep::results::chokepoint::{ChokepointKind, Verdict, VolumeVerdict};
-use lockstep_tests::{Proc, bin, scratch};
+use lockstep_tests::{Proc, output_text, run_plan, scratch};
 
 /// One run at a time: six agents each are what the host is sized for, and the busy process of
 /// the clean run must not land beside the others.
@@ -17,32 +17,20 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(plan_text: &str, local: &str) -> (RunResults, String) {
     let dir = scratch();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, plan_text).unwrap();
-    let out = dir.path().join("run");
-    let o = Command::new(bin("lockstep"))
-        .args(["run", "--local", local])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let (o, out) = run_plan(dir.path(), plan_text, None, &["--local", local]);
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{text}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
     (read_run_dir(&out).unwrap(), text)
 }
 
 /// The volume verdict, or a panic that shows what the finder said instead.
 fn volume_verdict<'a>(r: &'a RunResults, text: &str) -> &'a VolumeVerdict {
-    match &r.chokepoint.as_ref().expect("a chokepoint analysis").verdict {
+    match &r
+        .chokepoint
+        .as_ref()
+        .expect("a chokepoint analysis")
+        .verdict
+    {
         Verdict::Volume(v) => v,
         other => panic!("expected a volume verdict, got {other:?}\n{text}"),
     }
@@ -68,7 +56,10 @@ fn a_volume_moderately_slower_than_its_peers_is_named_with_its_onset() {
     // 3 ms + the device against 2 ms + the device: a moderate slowdown, not a cliff.
     let ratio = v.impact.latency_ratio;
     assert!((1.2..2.0).contains(&ratio), "latency ratio {ratio}");
-    assert!(text.contains("chokepoint: node agent-4, volume data"), "{text}");
+    assert!(
+        text.contains("chokepoint: node agent-4, volume data"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -114,6 +105,11 @@ fn a_clean_run_beside_a_busy_process_blames_no_volume_or_node() {
     // The run did measure, on all six volumes.
     assert_eq!(r.volumes.len(), 6);
     for v in &r.volumes {
-        assert!(v.summary.read.ios > 1000, "{}: {} IOs", v.node, v.summary.read.ios);
+        assert!(
+            v.summary.read.ios > 1000,
+            "{}: {} IOs",
+            v.node,
+            v.summary.read.ios
+        );
     }
 }

@@ -2,11 +2,9 @@
 //! chokepoint finder's node verdict on a real run: when every volume of one node slows down
 //! together while the other nodes' do not, the finder names the node, not one of its volumes.
 
-use std::process::{Command, Stdio};
-
 use lockstep::export::read_run_dir;
 use lockstep::results::chokepoint::Verdict;
-use lockstep_tests::{bin, scratch};
+use lockstep_tests::{run_plan, scratch};
 
 /// One node's volumes all held to 150 IOPS from t=8 s (an instance-level limit shared by its
 /// disks), while the other nodes run free.
@@ -15,19 +13,7 @@ const PLAN: &str = include_str!("../../examples/chokepoint/node-limit.toml");
 #[test]
 fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
     let dir = scratch();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, PLAN).unwrap();
-    let out = dir.path().join("run");
-    let o = Command::new(bin("lockstep"))
-        .args(["run", "--local", "3x4"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let (o, out) = run_plan(dir.path(), PLAN, None, &["--local", "3x4"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     assert!(
