@@ -4,7 +4,7 @@
 
 use lockstep::export::read_run_dir;
 use lockstep::results::chokepoint::Verdict;
-use lockstep_tests::{run_plan, scratch};
+use lockstep_tests::{output_text, run_plan, scratch};
 
 /// One node's volumes all held to 150 IOPS from t=8 s (an instance-level limit shared by its
 /// disks), while the other nodes run free.
@@ -46,7 +46,7 @@ fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
             assert!(n.iops < 4.0 * 150.0 * 1.2, "{n:?}");
             assert!(n.peer_iops > 3.0 * n.iops, "{n:?}");
         }
-        other => panic!("expected the node agent-2, got {other:?}"),
+        other => panic!("expected the node agent-2, got {other:?}\n{}", output_text(&o)),
     }
     // Not also one of its volumes on its own.
     assert!(
