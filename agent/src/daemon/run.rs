@@ -481,3 +481,90 @@ fn dir_totals(d: &DirStats) -> DirTotals {
         lat_intended_hist: d.lat_intended.as_ref().map(enc).unwrap_or_default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::daemon::{AgentService, DaemonConfig};
+
+    fn service(grace: Duration) -> AgentService {
+        AgentService::new(DaemonConfig {
+            name: "t".into(),
+            labels: BTreeMap::new(),
+            volumes: Vec::new(),
+            token: None,
+            grace,
+            allow_block_devices: false,
+            allow_exec: false,
+        })
+    }
+
+    fn setup() -> RunSetup {
+        RunSetup {
+            run_id: "r".into(),
+            start_at: SystemTime::now(),
+            keep_files: false,
+            interval: Duration::from_millis(100),
+        }
+    }
+
+    /// The final result is the last event of the run's stream.
+    async fn final_error(hub: &EventHub) -> String {
+        let events: Vec<_> = hub.attach(0).collect().await;
+        match events.last() {
+            Some(Ok(RunEvent {
+                event: Some(run_event::Event::Final(f)),
+                ..
+            })) => f.error.clone(),
+            other => panic!("no final result: {other:?}"),
+        }
+    }
+
+    /// Nobody attached for longer than the grace period: the watchdog stops the run's IO and
+    /// `finish` says why; the agent is idle again.
+    #[tokio::test]
+    async fn the_watchdog_stops_a_run_nobody_listens_to() {
+        let svc = service(Duration::ZERO);
+        let hub = EventHub::new(svc.shared.metrics.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        let run = ActiveRun::start(svc.shared.clone(), setup(), hub.clone(), stop.clone());
+        std::thread::scope(|scope| {
+            scope.spawn(|| run.watchdog());
+            let t = Instant::now();
+            while !stop.load(Ordering::Relaxed) && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            run.done.store(true, Ordering::Relaxed);
+        });
+        assert!(
+            stop.load(Ordering::Relaxed),
+            "the watchdog did not stop the IO"
+        );
+        assert!(run.lost_coordinator.load(Ordering::Relaxed));
+        run.finish(Vec::new(), Vec::new());
+        assert_eq!(
+            final_error(&hub).await,
+            "coordinator lost for longer than the grace period (0.0s): IO stopped"
+        );
+        assert_eq!(svc.busy_with(), "");
+    }
+
+    /// With a coordinator attached the watchdog lets the run be: a run (here of no volumes)
+    /// ends with no error, or "aborted" when it was stopped.
+    #[tokio::test]
+    async fn a_listened_to_run_ends_clean_or_aborted() {
+        for (stopped, error) in [(false, ""), (true, "aborted")] {
+            let svc = service(Duration::from_secs(60));
+            let hub = EventHub::new(svc.shared.metrics.clone());
+            let _listening = hub.attach(0);
+            let stop = Arc::new(AtomicBool::new(stopped));
+            run(svc.shared.clone(), setup(), Vec::new(), hub.clone(), stop);
+            assert_eq!(final_error(&hub).await, error);
+            assert_eq!(svc.busy_with(), "");
+        }
+    }
+}
