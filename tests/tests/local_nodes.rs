@@ -46,7 +46,10 @@ fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
             assert!(n.iops < 4.0 * 150.0 * 1.2, "{n:?}");
             assert!(n.peer_iops > 3.0 * n.iops, "{n:?}");
         }
-        other => panic!("expected the node agent-2, got {other:?}\n{}", output_text(&o)),
+        other => panic!(
+            "expected the node agent-2, got {other:?}\n{}",
+            output_text(&o)
+        ),
     }
     // Not also one of its volumes on its own.
     assert!(
