@@ -155,6 +155,15 @@ pub fn start_agent(name: &str, dir: &Path, extra: &[&str]) -> (Proc, String) {
     (Proc(child), addr)
 }
 
+/// Runs the tests of one test binary one at a time: hold the guard for the whole test. The
+/// machine has 2 cores; tests that assert timing (rates, when a model runs out of credits,
+/// how fast an abort is) or lay out gigabytes would time each other out in parallel. A test
+/// that panicked while holding it does not stop the others.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits for `f` to hold, polling, up to `limit`.
 pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = std::time::Instant::now();

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use lockstep_tests::{bin, read_json, scratch};
+use lockstep_tests::{bin, read_results, read_timeline, scratch};
 
 const PLAN: &str = r#"
 name = "credits"
@@ -57,8 +57,9 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         .unwrap();
     // --fail-on-chokepoint: a chokepoint was found, so the run exits 1.
     assert_eq!(status.code(), Some(1), "{status}");
-    let r = read_json(&out.join("results.json"));
-    let c = &r["chokepoint"];
+    let r = read_results(&out);
+    // The chokepoint section is still untyped in the model (RunResults::chokepoint).
+    let c = r.chokepoint.as_ref().expect("a chokepoint section");
     let v = &c["verdict"];
     assert_eq!(v["verdict"], "volume", "{v}");
     assert_eq!(v["node"], "agent-4", "{v}");
@@ -66,24 +67,18 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
     assert_eq!(v["kind"], "credit_exhaustion", "{v}");
     // The onset is where the credits of a full bucket run out at the IOPS it did before:
     // 5.4M / 300 credits / (IOPS - 180 refill).
-    let timeline = read_json(&out.join("timeline.json"));
-    let series = timeline["volumes"]
-        .as_array()
-        .unwrap()
+    let timeline = read_timeline(&out);
+    let series = timeline
+        .volumes
         .iter()
-        .find(|s| s["node"] == "agent-4")
-        .unwrap()
-        .clone();
+        .find(|s| s.node == "agent-4")
+        .unwrap();
     let onset_ms = v["onset_ms"].as_u64().unwrap();
-    let before: Vec<f64> = series["points"]
-        .as_array()
-        .unwrap()
+    let before: Vec<f64> = series
+        .points
         .iter()
-        .filter(|p| p["t_ms"].as_u64().unwrap() + 1000 < onset_ms)
-        .map(|p| {
-            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
-                / p["len_ms"].as_u64().unwrap() as f64
-        })
+        .filter(|p| p.t_ms + 1000 < onset_ms)
+        .map(|p| (p.ios[0] + p.ios[1]) as f64 * 1000.0 / p.len_ms as f64)
         .collect();
     assert!(
         before.len() >= 3,
@@ -96,15 +91,11 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         "onset {onset_ms} ms, the model predicts {predicted_ms:.0} ms at {demand:.0} IOPS"
     );
     // After the onset it holds the 180 IOPS baseline.
-    let after: Vec<f64> = series["points"]
-        .as_array()
-        .unwrap()
+    let after: Vec<f64> = series
+        .points
         .iter()
-        .filter(|p| p["t_ms"].as_u64().unwrap() > onset_ms + 2000)
-        .map(|p| {
-            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
-                / p["len_ms"].as_u64().unwrap() as f64
-        })
+        .filter(|p| p.t_ms > onset_ms + 2000)
+        .map(|p| (p.ios[0] + p.ios[1]) as f64 * 1000.0 / p.len_ms as f64)
         .collect();
     let mean_after = after.iter().sum::<f64>() / after.len() as f64;
     assert!(

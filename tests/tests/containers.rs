@@ -7,17 +7,10 @@
 //! the machine has 2 cores and each cluster is 5 containers.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lockstep_tests::docker::Cluster;
-use lockstep_tests::{AgentState, RunResults, RunStatus, agent, read_results, wait_for};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+use lockstep_tests::{AgentState, RunResults, RunStatus, agent, read_results, serial, wait_for};
 
 fn plan(dir: &Path, duration: &str) -> PathBuf {
     let p = dir.join("plan.toml");
