@@ -2,9 +2,7 @@
 //! whose burst credits run out mid-run; the report must name it, its onset and its kind, and
 //! the forecast made before the cliff must be within 10% of the actual onset.
 
-use std::process::{Command, Stdio};
-
-use lockstep_tests::{bin, read_results, read_timeline, scratch};
+use lockstep_tests::{output_text, read_results, read_timeline, run_plan, scratch};
 
 const PLAN: &str = r#"
 name = "credits"
@@ -43,20 +41,9 @@ time_scale = 300
 #[test]
 fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
     let dir = scratch();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, PLAN).unwrap();
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "6", "--fail-on-chokepoint"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
+    let (o, out) = run_plan(dir.path(), PLAN, Some(6), &["--fail-on-chokepoint"]);
     // --fail-on-chokepoint: a chokepoint was found, so the run exits 1.
-    assert_eq!(status.code(), Some(1), "{status}");
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
     let r = read_results(&out);
     // The chokepoint section is still untyped in the model (RunResults::chokepoint).
     let c = r.chokepoint.as_ref().expect("a chokepoint section");

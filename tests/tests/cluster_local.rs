@@ -9,8 +9,8 @@ use std::time::Duration;
 use lockstep::results::hlog;
 use lockstep_proto::histogram::SparseHistogram;
 use lockstep_tests::{
-    AgentState, Proc, RunStatus, agent, bin, read_json, read_results, read_timeline, scratch,
-    spawn_run, start_agent, wait_for,
+    AgentState, Proc, RunStatus, agent, bin, output_text, read_json, read_results, read_timeline,
+    run_plan, scratch, spawn_run, start_agent, wait_for,
 };
 
 fn write_plan(dir: &Path, body: &str) -> std::path::PathBuf {
@@ -37,18 +37,12 @@ size = "8m"
 #[test]
 fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     let dir = scratch();
-    let plan = write_plan(dir.path(), SMALL);
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "3"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "lockstep run failed: {status}");
+    let (o, out) = run_plan(dir.path(), SMALL, Some(3), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
+    );
     let r = read_results(&out);
     assert_eq!(r.status, RunStatus::Completed);
     let vols = &r.volumes;
@@ -123,21 +117,13 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
 #[test]
 fn the_plans_reporting_interval_is_the_agents_interval() {
     let dir = scratch();
-    let plan = write_plan(
-        dir.path(),
-        &SMALL.replace("interval = \"1s\"", "interval = \"250ms\""),
+    let plan = SMALL.replace("interval = \"1s\"", "interval = \"250ms\"");
+    let (o, out) = run_plan(dir.path(), &plan, Some(2), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
     );
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "2"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "lockstep run failed: {status}");
     let t = read_timeline(&out);
     assert_eq!(t.interval_ms, 250);
     for v in &t.volumes {
