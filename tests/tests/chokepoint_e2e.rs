@@ -2,6 +2,7 @@
 //! whose burst credits run out mid-run; the report must name it, its onset and its kind, and
 //! the forecast made before the cliff must be within 10% of the actual onset.
 
+use lockstep::results::chokepoint::{ChokepointKind, Verdict};
 use lockstep_tests::{output_text, read_results, read_timeline, run_plan, scratch};
 
 const PLAN: &str = r#"
@@ -45,13 +46,13 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
     // --fail-on-chokepoint: a chokepoint was found, so the run exits 1.
     assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
     let r = read_results(&out);
-    // The chokepoint section is still untyped in the model (RunResults::chokepoint).
     let c = r.chokepoint.as_ref().expect("a chokepoint section");
-    let v = &c["verdict"];
-    assert_eq!(v["verdict"], "volume", "{v}");
-    assert_eq!(v["node"], "agent-4", "{v}");
-    assert_eq!(v["volume"], "data");
-    assert_eq!(v["kind"], "credit_exhaustion", "{v}");
+    let Verdict::Volume(v) = &c.verdict else {
+        panic!("not a volume verdict: {:?}", c.verdict);
+    };
+    assert_eq!(v.node, "agent-4", "{v:?}");
+    assert_eq!(v.volume, "data");
+    assert_eq!(v.kind, ChokepointKind::CreditExhaustion, "{v:?}");
     // The onset is where the credits of a full bucket run out at the IOPS it did before:
     // 5.4M / 300 credits / (IOPS - 180 refill).
     let timeline = read_timeline(&out);
@@ -60,7 +61,7 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         .iter()
         .find(|s| s.node == "agent-4")
         .unwrap();
-    let onset_ms = v["onset_ms"].as_u64().unwrap();
+    let onset_ms = v.onset_ms;
     let before: Vec<f64> = series
         .points
         .iter()
@@ -90,9 +91,9 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         "{mean_after} IOPS after the onset"
     );
     // The forecast made before the cliff was within 10% of the actual onset.
-    let f = &c["forecast_before_cliff"];
-    let err = f["error_pct"].as_f64().unwrap_or(f64::NAN);
-    assert!(err.abs() <= 10.0, "{f}");
+    let f = &c.forecast_before_cliff;
+    let err = f.as_ref().map_or(f64::NAN, |f| f.error_pct);
+    assert!(err.abs() <= 10.0, "{f:?}");
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
     assert!(
         text.contains("node agent-4, volume data (60 GiB gp2)") && text.contains("burst credits"),

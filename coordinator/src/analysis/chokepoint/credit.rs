@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::results::chokepoint::trim_float;
+
 use crate::results::timeline::{VolumeModel, VolumePoint};
 
 /// gp2 bucket size in IO credits (one credit pays for one IO of up to 256 KiB).
@@ -128,14 +130,6 @@ impl CreditModel {
     /// "60 GiB gp2", for reports.
     pub fn describe(&self) -> String {
         format!("{} GiB {}", trim_float(self.size_gib), self.kind)
-    }
-}
-
-pub(crate) fn trim_float(x: f64) -> String {
-    if (x - x.round()).abs() < 1e-9 {
-        format!("{}", x.round() as i64)
-    } else {
-        format!("{x:.1}")
     }
 }
 
