@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub use lockstep::results::timeline::Timeline;
+pub use lockstep::results::{AgentResult, AgentState, RunResults, RunStatus, VolumeResult};
+
 /// The workspace's target directory (where `cargo build` put the binaries).
 pub fn target_dir() -> PathBuf {
     if let Ok(t) = std::env::var("CARGO_TARGET_DIR") {
@@ -152,6 +155,15 @@ pub fn start_agent(name: &str, dir: &Path, extra: &[&str]) -> (Proc, String) {
     (Proc(child), addr)
 }
 
+/// Runs the tests of one test binary one at a time: hold the guard for the whole test. The
+/// machine has 2 cores; tests that assert timing (rates, when a model runs out of credits,
+/// how fast an abort is) or lay out gigabytes would time each other out in parallel. A test
+/// that panicked while holding it does not stop the others.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits for `f` to hold, polling, up to `limit`.
 pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = std::time::Instant::now();
@@ -165,8 +177,40 @@ pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 pub fn read_json(path: &Path) -> serde_json::Value {
+    read_typed(path)
+}
+
+/// A JSON file read into the type that wrote it; a file that does not fit the type fails the
+/// test, so a field renamed on one side is caught.
+pub fn read_typed<T: serde::de::DeserializeOwned>(path: &Path) -> T {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A run directory's `results.json`, in the coordinator's typed model.
+pub fn read_results(run_dir: &Path) -> RunResults {
+    read_typed(&run_dir.join("results.json"))
+}
+
+/// A run directory's `timeline.json` (per volume and interval).
+pub fn read_timeline(run_dir: &Path) -> Timeline {
+    read_typed(&run_dir.join("timeline.json"))
+}
+
+/// The result of agent `name` in `r`.
+pub fn agent<'a>(r: &'a RunResults, name: &str) -> &'a AgentResult {
+    r.agents
+        .iter()
+        .find(|a| a.name == name)
+        .unwrap_or_else(|| panic!("no agent {name} in {:?}", r.agents))
+}
+
+/// The result of volume `volume` of agent `node` in `r`.
+pub fn volume<'a>(r: &'a RunResults, node: &str, volume: &str) -> &'a VolumeResult {
+    r.volumes
+        .iter()
+        .find(|v| v.node == node && v.volume == volume)
+        .unwrap_or_else(|| panic!("no volume {node}/{volume} in {:?}", r.volumes))
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released: for servers such as etcd that need a

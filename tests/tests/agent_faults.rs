@@ -6,23 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
 
-use lockstep_tests::{bin, output_text, read_json, run_plan, scratch};
-use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use lockstep::results::timeline::FaultWindow;
+use lockstep_tests::{
+    AgentState, RunResults, RunStatus, agent, bin, output_text, read_results, read_timeline,
+    run_plan, scratch, serial,
+};
 
 fn run(dir: &Path, plan: &str, extra: &[&str]) -> (Output, PathBuf) {
     run_plan(dir, plan, Some(2), extra)
-}
-
-fn text(o: &Output) -> String {
-    output_text(o)
 }
 
 const WORKLOAD: &str = r#"
@@ -38,51 +30,26 @@ ioengine = "io_uring"
 direct = 1
 "#;
 
-fn agent<'a>(r: &'a Value, name: &str) -> &'a Value {
-    r["agents"]
-        .as_array()
-        .unwrap()
+fn fault<'a>(r: &'a RunResults, node: &str, kind: &str) -> &'a FaultWindow {
+    r.faults
         .iter()
-        .find(|a| a["name"] == name)
-        .unwrap_or_else(|| panic!("no agent {name}"))
-}
-
-fn fault<'a>(r: &'a Value, node: &str, kind: &str) -> &'a Value {
-    r["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["node"] == node && f["fault"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} fault on {node}: {:#}", r["faults"]))
+        .find(|f| f.node == node && f.fault == kind)
+        .unwrap_or_else(|| panic!("no {kind} fault on {node}: {:#?}", r.faults))
 }
 
 /// IOs completed per interval of `node`'s volume: (interval end ms, length ms, IOs).
 fn ios_per_interval(out: &Path, node: &str) -> Vec<(u64, u64, u64)> {
-    let t = read_json(&out.join("timeline.json"));
-    let v = t["volumes"]
-        .as_array()
-        .unwrap()
+    let t = read_timeline(out);
+    let v = t.volumes.iter().find(|v| v.node == node).unwrap();
+    v.points
         .iter()
-        .find(|v| v["node"] == node)
-        .unwrap();
-    v["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let ios = p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap();
-            (
-                p["t_ms"].as_u64().unwrap(),
-                p["len_ms"].as_u64().unwrap(),
-                ios,
-            )
-        })
+        .map(|p| (p.t_ms, p.len_ms, p.ios[0] + p.ios[1]))
         .collect()
 }
 
-fn near(got: &Value, want_ms: u64, slack_ms: u64) -> bool {
-    got.as_u64()
-        .is_some_and(|g| g.abs_diff(want_ms) <= slack_ms)
+/// `got` is there and within `slack_ms` of `want_ms`.
+fn near(got: impl Into<Option<u64>>, want_ms: u64, slack_ms: u64) -> bool {
+    got.into().is_some_and(|g| g.abs_diff(want_ms) <= slack_ms)
 }
 
 /// A pause stops every IO of the agent for its window and the open-loop schedule catches up
@@ -120,24 +87,24 @@ end = "echo bye >&2; exit 4"
 "#
     );
     let (o, out) = run(dir.path(), &plan, &["--allow-exec"]);
-    let all = text(&o);
+    let all = output_text(&o);
     assert!(o.status.success(), "{all}");
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "completed", "{all}");
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Completed, "{all}");
     for a in ["agent-1", "agent-2"] {
-        assert_eq!(agent(&r, a)["state"]["state"], "finished", "{a}: {all}");
+        assert_eq!(agent(&r, a).state, AgentState::Finished, "{a}: {all}");
     }
 
     // The cut: the stream broke when it began and the coordinator re-attached after it ended.
     let cut = fault(&r, "agent-1", "cut_off");
-    println!("cut_off: {cut}");
-    assert!(near(&cut["start_ms"], 3000, 300), "{cut}");
-    assert!(near(&cut["end_ms"], 6000, 300), "{cut}");
-    let d = &agent(&r, "agent-1")["disconnections"];
-    println!("agent-1 disconnections: {d}");
-    assert_eq!(d.as_array().map(Vec::len), Some(1), "{d}");
-    assert!(near(&d[0]["at_ms"], 3000, 500), "{d}");
-    let back = d[0]["reattached_ms"].as_u64().expect("re-attached");
+    println!("cut_off: {cut:?}");
+    assert!(near(cut.start_ms, 3000, 300), "{cut:?}");
+    assert!(near(cut.end_ms, 6000, 300), "{cut:?}");
+    let d = &agent(&r, "agent-1").disconnections;
+    println!("agent-1 disconnections: {d:?}");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(near(d[0].at_ms, 3000, 500), "{d:?}");
+    let back = d[0].reattached_ms.expect("re-attached");
     assert!((6000..8000).contains(&back), "re-attached at {back} ms");
     assert!(all.contains("agent agent-1 re-attached"), "{all}");
     // IO went on during the cut, and the intervals sent while cut off were replayed.
@@ -164,9 +131,9 @@ end = "echo bye >&2; exit 4"
 
     // The pause: no IO completed while the agent was stopped.
     let pause = fault(&r, "agent-2", "pause");
-    println!("pause: {pause}");
-    assert!(near(&pause["start_ms"], 3000, 300), "{pause}");
-    assert!(near(&pause["end_ms"], 5000, 400), "{pause}");
+    println!("pause: {pause:?}");
+    assert!(near(pause.start_ms, 3000, 300), "{pause:?}");
+    assert!(near(pause.end_ms, 5000, 400), "{pause:?}");
     let paused = ios_per_interval(&out, "agent-2");
     println!("agent-2 IOs per interval: {paused:?}");
     // A stopped agent reports nothing; after it, the intervals it missed are closed empty and
@@ -195,28 +162,27 @@ end = "echo bye >&2; exit 4"
     assert!(during < 100, "{during} IOs completed in the paused 2 s");
     // Open loop: the IOs scheduled during the pause waited for it; the corrected p99.9 shows the
     // 2 s, and the rate is caught up over the run.
-    let total = &r["volumes"]
-        .as_array()
-        .unwrap()
+    let total = &r
+        .volumes
         .iter()
-        .find(|v| v["node"] == "agent-2")
-        .unwrap()["summary"]["total"];
-    let p999 = total["lat_intended"]["percentiles"]["99.900000"]
-        .as_f64()
+        .find(|v| v.node == "agent-2")
         .unwrap()
-        / 1e6;
+        .summary
+        .total;
+    let intended = total.lat_intended.as_ref().expect("open-loop latency");
+    let p999 = intended.percentiles["99.900000"] as f64 / 1e6;
     println!(
         "agent-2: p99.9 from intended issue {p999:.0} ms, {} IOPS",
-        total["iops"]
+        total.iops
     );
     assert!(p999 > 1000.0, "the 2 s pause should show: p99.9 {p999} ms");
 
     // exec: both commands ran on agent-2's host, with the run's names, and their status is kept.
     let exec = fault(&r, "agent-2", "exec");
-    let detail = exec["detail"].as_str().unwrap();
+    let detail = exec.detail.as_deref().unwrap();
     println!("exec: {detail}");
-    assert!(near(&exec["start_ms"], 1000, 300), "{exec}");
-    assert!(near(&exec["end_ms"], 7000, 300), "{exec}");
+    assert!(near(exec.start_ms, 1000, 300), "{exec:?}");
+    assert!(near(exec.end_ms, 7000, 300), "{exec:?}");
     assert!(detail.contains("exit 0"), "{detail}");
     assert!(detail.contains("hello from agent-2 run run"), "{detail}");
     assert!(detail.contains("exit 4"), "{detail}");
@@ -251,31 +217,30 @@ kind = "kill"
     );
     let t0 = std::time::Instant::now();
     let (o, out) = run(dir.path(), &plan, &["--keep-files"]);
-    let all = text(&o);
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "partial", "{all}");
-    assert_eq!(agent(&r, "agent-1")["state"]["state"], "finished", "{all}");
-    let lost = &agent(&r, "agent-2")["state"];
+    let all = output_text(&o);
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Partial, "{all}");
+    assert_eq!(agent(&r, "agent-1").state, AgentState::Finished, "{all}");
+    let lost = &agent(&r, "agent-2").state;
     println!(
-        "kill: agent-2 {lost}; run took {:.1} s",
+        "kill: agent-2 {lost:?}; run took {:.1} s",
         t0.elapsed().as_secs_f64()
     );
-    assert_eq!(lost["state"], "lost", "{all}");
+    let AgentState::Lost { at_ms: lost_at, .. } = *lost else {
+        panic!("agent-2 not lost: {lost:?}\n{all}");
+    };
     let k = fault(&r, "agent-2", "kill");
-    assert!(near(&k["start_ms"], 3000, 300), "{k}");
+    assert!(near(k.start_ms, 3000, 300), "{k:?}");
     // Lost from the moment its stream broke, not from when re-attaching gave up (10 s later).
     // The stream breaks when the kernel closes the socket, which a killed process does only
     // after its in-flight IO is cancelled or completed: on a loaded host that took 0.8 s.
-    let (killed, lost_at) = (
-        k["start_ms"].as_u64().unwrap(),
-        lost["at_ms"].as_u64().unwrap(),
-    );
+    let killed = k.start_ms;
     assert!(
         lost_at >= killed && lost_at < killed + 3000,
-        "lost at {lost_at} ms, killed at {killed} ms: {lost}"
+        "lost at {lost_at} ms, killed at {killed} ms: {lost:?}"
     );
-    assert!(k["end_ms"].is_null(), "{k}");
-    assert!(k["detail"].as_str().unwrap().contains("SIGKILL"), "{k}");
+    assert!(k.end_ms.is_none(), "{k:?}");
+    assert!(k.detail.as_deref().unwrap().contains("SIGKILL"), "{k:?}");
     // Nothing after the kill: no interval of agent-2 starts past it.
     let ios = ios_per_interval(&out, "agent-2");
     assert!(ios.iter().all(|(end, _, _)| *end <= 4000), "{ios:?}");
@@ -285,7 +250,7 @@ kind = "kill"
         .arg(out.join("volumes").join("agent-2"))
         .output()
         .unwrap();
-    let said = text(&v);
+    let said = output_text(&v);
     println!("after the kill: {said}");
     assert_eq!(v.status.code(), Some(0), "{said}");
     assert!(
@@ -323,7 +288,7 @@ start = "touch {}"
         marker.display()
     );
     let (o, _) = run(dir.path(), &plan, &[]);
-    let all = text(&o);
+    let all = output_text(&o);
     assert_eq!(o.status.code(), Some(2), "{all}");
     assert!(all.contains("agent 'agent-1' refused the work"), "{all}");
     assert!(all.contains("--allow-exec"), "{all}");
@@ -344,7 +309,7 @@ fn agent_fault_windows_are_checked_in_the_plan() {
             "name = \"bad\"\nduration = \"3s\"\n{WORKLOAD}\n[[fault]]\nat = \"1s\"\n{window}\ntarget = {{ agents = [\"agent-1\"] }}\nkind = \"{kind}\"\n"
         );
         let (o, _) = run(dir.path(), &plan, &[]);
-        let all = text(&o);
+        let all = output_text(&o);
         assert_eq!(o.status.code(), Some(2), "{all}");
         assert!(all.contains(want), "{kind}: {all}");
         assert!(all.contains("plan.toml"), "the error names the plan: {all}");

@@ -2,9 +2,8 @@
 //! whose burst credits run out mid-run; the report must name it, its onset and its kind, and
 //! the forecast made before the cliff must be within 10% of the actual onset.
 
-use std::process::{Command, Stdio};
-
-use lockstep_tests::{bin, read_json, scratch};
+use lockstep::results::chokepoint::{ChokepointKind, Verdict};
+use lockstep_tests::{output_text, read_results, read_timeline, run_plan, scratch};
 
 const PLAN: &str = r#"
 name = "credits"
@@ -43,47 +42,31 @@ time_scale = 300
 #[test]
 fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
     let dir = scratch();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, PLAN).unwrap();
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "6", "--fail-on-chokepoint"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
+    let (o, out) = run_plan(dir.path(), PLAN, Some(6), &["--fail-on-chokepoint"]);
     // --fail-on-chokepoint: a chokepoint was found, so the run exits 1.
-    assert_eq!(status.code(), Some(1), "{status}");
-    let r = read_json(&out.join("results.json"));
-    let c = &r["chokepoint"];
-    let v = &c["verdict"];
-    assert_eq!(v["verdict"], "volume", "{v}");
-    assert_eq!(v["node"], "agent-4", "{v}");
-    assert_eq!(v["volume"], "data");
-    assert_eq!(v["kind"], "credit_exhaustion", "{v}");
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    let r = read_results(&out);
+    let c = r.chokepoint.as_ref().expect("a chokepoint section");
+    let Verdict::Volume(v) = &c.verdict else {
+        panic!("not a volume verdict: {:?}", c.verdict);
+    };
+    assert_eq!(v.node, "agent-4", "{v:?}");
+    assert_eq!(v.volume, "data");
+    assert_eq!(v.kind, ChokepointKind::CreditExhaustion, "{v:?}");
     // The onset is where the credits of a full bucket run out at the IOPS it did before:
     // 5.4M / 300 credits / (IOPS - 180 refill).
-    let timeline = read_json(&out.join("timeline.json"));
-    let series = timeline["volumes"]
-        .as_array()
-        .unwrap()
+    let timeline = read_timeline(&out);
+    let series = timeline
+        .volumes
         .iter()
-        .find(|s| s["node"] == "agent-4")
-        .unwrap()
-        .clone();
-    let onset_ms = v["onset_ms"].as_u64().unwrap();
-    let before: Vec<f64> = series["points"]
-        .as_array()
-        .unwrap()
+        .find(|s| s.node == "agent-4")
+        .unwrap();
+    let onset_ms = v.onset_ms;
+    let before: Vec<f64> = series
+        .points
         .iter()
-        .filter(|p| p["t_ms"].as_u64().unwrap() + 1000 < onset_ms)
-        .map(|p| {
-            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
-                / p["len_ms"].as_u64().unwrap() as f64
-        })
+        .filter(|p| p.t_ms + 1000 < onset_ms)
+        .map(|p| (p.ios[0] + p.ios[1]) as f64 * 1000.0 / p.len_ms as f64)
         .collect();
     assert!(
         before.len() >= 3,
@@ -96,15 +79,11 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         "onset {onset_ms} ms, the model predicts {predicted_ms:.0} ms at {demand:.0} IOPS"
     );
     // After the onset it holds the 180 IOPS baseline.
-    let after: Vec<f64> = series["points"]
-        .as_array()
-        .unwrap()
+    let after: Vec<f64> = series
+        .points
         .iter()
-        .filter(|p| p["t_ms"].as_u64().unwrap() > onset_ms + 2000)
-        .map(|p| {
-            (p["ios"][0].as_u64().unwrap() + p["ios"][1].as_u64().unwrap()) as f64 * 1000.0
-                / p["len_ms"].as_u64().unwrap() as f64
-        })
+        .filter(|p| p.t_ms > onset_ms + 2000)
+        .map(|p| (p.ios[0] + p.ios[1]) as f64 * 1000.0 / p.len_ms as f64)
         .collect();
     let mean_after = after.iter().sum::<f64>() / after.len() as f64;
     assert!(
@@ -112,9 +91,9 @@ fn a_gp2_volume_running_out_of_credits_is_named_with_its_onset_and_forecast() {
         "{mean_after} IOPS after the onset"
     );
     // The forecast made before the cliff was within 10% of the actual onset.
-    let f = &c["forecast_before_cliff"];
-    let err = f["error_pct"].as_f64().unwrap_or(f64::NAN);
-    assert!(err.abs() <= 10.0, "{f}");
+    let f = &c.forecast_before_cliff;
+    let err = f.as_ref().map_or(f64::NAN, |f| f.error_pct);
+    assert!(err.abs() <= 10.0, "{f:?}");
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
     assert!(
         text.contains("node agent-4, volume data (60 GiB gp2)") && text.contains("burst credits"),

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use lockstep::results::hlog;
 use lockstep_proto::histogram::SparseHistogram;
-use lockstep_tests::{Proc, bin, read_json, scratch, spawn_run, start_agent, wait_for};
+use lockstep_tests::{
+    AgentState, Proc, RunStatus, agent, bin, output_text, read_json, read_results, read_timeline,
+    run_plan, scratch, spawn_run, start_agent, wait_for,
+};
 
 fn write_plan(dir: &Path, body: &str) -> std::path::PathBuf {
     let p = dir.join("plan.toml");
@@ -34,21 +37,15 @@ size = "8m"
 #[test]
 fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     let dir = scratch();
-    let plan = write_plan(dir.path(), SMALL);
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "3"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "lockstep run failed: {status}");
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "completed");
-    let vols = r["volumes"].as_array().unwrap();
+    let (o, out) = run_plan(dir.path(), SMALL, Some(3), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
+    );
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Completed);
+    let vols = &r.volumes;
     assert_eq!(vols.len(), 3);
     // Every volume's latency percentiles equal those recomputed from intervals.hlog.
     let entries = hlog::read(&out.join("intervals.hlog")).unwrap();
@@ -73,44 +70,33 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
         }
     }
     for v in vols {
-        let key = format!(
-            "{}/{}",
-            v["node"].as_str().unwrap(),
-            v["volume"].as_str().unwrap()
-        );
+        let key = format!("{}/{}", v.node, v.volume);
         let h = &per[&key];
-        let lat = &v["summary"]["read"]["lat"];
-        assert_eq!(lat["n"].as_u64().unwrap(), h.len(), "{key}");
+        let lat = &v.summary.read.lat;
+        assert_eq!(lat.n, h.len(), "{key}");
         for p in ["50.000000", "99.000000", "99.900000"] {
             let want = h.value_at_percentile(p.parse().unwrap());
-            assert_eq!(lat["percentiles"][p].as_u64().unwrap(), want, "{key} p{p}");
+            assert_eq!(lat.percentiles[p], want, "{key} p{p}");
         }
-        assert!(v["summary"]["read"]["iops"].as_f64().unwrap() > 0.0);
+        assert!(v.summary.read.iops > 0.0);
     }
     let c = cluster.unwrap();
     assert_eq!(
-        r["cluster"]["read"]["lat"]["percentiles"]["99.000000"]
-            .as_u64()
-            .unwrap(),
+        r.cluster.read.lat.percentiles["99.000000"],
         c.value_at_percentile(99.0)
     );
     // The start skew is measured and reported, with each agent's clock offset.
-    assert!(r["start_skew_ns"].as_i64().is_some());
-    assert!(
-        r["agents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|a| a["clock"]["rtt_ns"].as_i64().unwrap() > 0)
-    );
-    // fio-compatible export: one client_stats entry per agent job and "All clients".
+    assert!(r.start_skew_ns.is_some());
+    assert!(r.agents.iter().all(|a| a.clock.rtt_ns > 0));
+    // fio-compatible export: one client_stats entry per agent job and "All clients". fio's
+    // format, not the coordinator's model: read as JSON.
     let fio = read_json(&out.join("fio.json"));
     let cs = fio["client_stats"].as_array().unwrap();
     assert_eq!(cs.last().unwrap()["jobname"], "All clients");
     assert!(cs.iter().any(|j| j["hostname"] == "agent-2"));
     assert_eq!(
         cs.last().unwrap()["read"]["total_ios"].as_u64().unwrap(),
-        r["cluster"]["read"]["ios"].as_u64().unwrap()
+        r.cluster.read.ios
     );
     let csv = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
     assert!(csv.lines().count() > 3 * 3, "{csv}");
@@ -131,30 +117,22 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
 #[test]
 fn the_plans_reporting_interval_is_the_agents_interval() {
     let dir = scratch();
-    let plan = write_plan(
-        dir.path(),
-        &SMALL.replace("interval = \"1s\"", "interval = \"250ms\""),
+    let plan = SMALL.replace("interval = \"1s\"", "interval = \"250ms\"");
+    let (o, out) = run_plan(dir.path(), &plan, Some(2), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
     );
-    let out = dir.path().join("run");
-    let status = Command::new(bin("lockstep"))
-        .args(["run", "--local", "2"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "lockstep run failed: {status}");
-    let t = read_json(&out.join("timeline.json"));
-    assert_eq!(t["interval_ms"], 250);
-    for v in t["volumes"].as_array().unwrap() {
-        let points = v["points"].as_array().unwrap();
+    let t = read_timeline(&out);
+    assert_eq!(t.interval_ms, 250);
+    for v in &t.volumes {
+        let points = &v.points;
         // 4 s at 250 ms (the last one may be a sliver of IOs finishing after the runtime).
         assert!((16..=17).contains(&points.len()), "{} points", points.len());
         for p in &points[..16] {
-            let len = p["len_ms"].as_u64().unwrap();
-            assert!((200..=300).contains(&len), "a {len} ms interval: {p}");
+            let len = p.len_ms;
+            assert!((200..=300).contains(&len), "a {len} ms interval: {p:?}");
         }
     }
 }
@@ -194,25 +172,19 @@ fn an_agent_killed_mid_run_is_reported_lost_and_the_others_finish() {
     let mut run = run;
     let status = run.0.wait().unwrap();
     assert!(status.success(), "{status}");
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "partial");
-    let agents = r["agents"].as_array().unwrap();
-    let a2 = agents.iter().find(|a| a["name"] == "a2").unwrap();
-    assert_eq!(a2["state"]["state"], "lost", "{a2}");
-    let at = a2["state"]["at_ms"].as_u64().unwrap();
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Partial);
+    let a2 = agent(&r, "a2");
+    let AgentState::Lost { at_ms: at, .. } = a2.state else {
+        panic!("a2 not lost: {a2:?}");
+    };
     assert!((2000..8000).contains(&at), "lost at {at} ms");
     for n in ["a1", "a3"] {
-        let a = agents.iter().find(|a| a["name"] == n).unwrap();
-        assert_eq!(a["state"]["state"], "finished", "{a}");
+        let a = agent(&r, n);
+        assert_eq!(a.state, AgentState::Finished, "{a:?}");
     }
-    let v2 = r["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["node"] == "a2")
-        .unwrap()
-        .clone();
-    assert_eq!(v2["lost_at_ms"].as_u64(), Some(at));
+    let v2 = r.volumes.iter().find(|v| v.node == "a2").unwrap();
+    assert_eq!(v2.lost_at_ms, Some(at));
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
     assert!(text.contains("LOST"), "{text}");
 }
@@ -230,10 +202,10 @@ fn ctrl_c_aborts_every_agent_and_keeps_partial_results() {
     run.signal(libc::SIGINT);
     let status = run.0.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{status}");
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "aborted");
-    assert!(r["volumes"][0]["summary"]["read"]["ios"].as_u64().unwrap() > 0);
-    assert!(r["duration_ms"].as_u64().unwrap() < 20_000);
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Aborted);
+    assert!(r.volumes[0].summary.read.ios > 0);
+    assert!(r.duration_ms < 20_000);
     // The agent stopped its IO and removed its files.
     assert!(wait_for(Duration::from_secs(5), || std::fs::read_dir(&d)
         .unwrap()

@@ -7,17 +7,10 @@
 //! the machine has 2 cores and each cluster is 5 containers.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lockstep_tests::docker::Cluster;
-use lockstep_tests::{read_json, wait_for};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+use lockstep_tests::{AgentState, RunResults, RunStatus, agent, read_results, serial, wait_for};
 
 fn plan(dir: &Path, duration: &str) -> PathBuf {
     let p = dir.join("plan.toml");
@@ -54,22 +47,13 @@ fn wait_running(c: &Cluster) {
     assert!(all, "the agents did not all start running");
 }
 
-fn agent<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    r["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == name)
-        .unwrap_or_else(|| panic!("no agent {name} in {r}"))
-}
-
-fn finish(run: &mut lockstep_tests::Proc, out: &Path, limit: Duration) -> serde_json::Value {
+fn finish(run: &mut lockstep_tests::Proc, out: &Path, limit: Duration) -> RunResults {
     let t = Instant::now();
     loop {
         if let Some(status) = run.0.try_wait().unwrap() {
             let log = std::fs::read_to_string(out.with_extension("log")).unwrap_or_default();
             assert!(status.success(), "lockstep run: {status}\n{log}");
-            return read_json(&out.join("results.json"));
+            return read_results(out);
         }
         assert!(
             t.elapsed() < limit,
@@ -88,24 +72,18 @@ fn a_plan_across_four_agent_containers_completes_with_per_node_results() {
     let out = c.scratch.path().join("run");
     let mut run = c.spawn_run(&plan(c.scratch.path(), "5s"), &out);
     let r = finish(&mut run, &out, Duration::from_secs(60));
-    assert_eq!(r["status"], "completed", "{}", r["status_reason"]);
-    let nodes = r["nodes"].as_array().unwrap();
-    assert_eq!(nodes.len(), 4, "{r}");
+    assert_eq!(r.status, RunStatus::Completed, "{}", r.status_reason);
+    assert_eq!(r.nodes.len(), 4, "{:?}", r.nodes);
     for a in &c.agents {
         let res = agent(&r, &a.name);
-        assert_eq!(res["state"]["state"], "finished", "{res}");
+        assert_eq!(res.state, AgentState::Finished, "{res:?}");
         assert_eq!(
-            res["address"],
+            res.address,
             format!("{}:7070", a.ip),
             "the coordinator dialed the advertised container address"
         );
-        let v = r["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["node"] == a.name.as_str())
-            .unwrap();
-        assert!(v["summary"]["total"]["ios"].as_u64().unwrap() > 500, "{v}");
+        let v = r.volumes.iter().find(|v| v.node == a.name).unwrap();
+        assert!(v.summary.total.ios > 500, "{v:?}");
     }
     eprintln!(
         "all agents: cluster up in {:.1} s, whole scenario {:.1} s",
@@ -125,13 +103,14 @@ fn an_agent_container_killed_mid_run_is_reported_lost_and_the_others_finish() {
     std::thread::sleep(Duration::from_secs(2));
     c.kill("agent-2");
     let r = finish(&mut run, &out, Duration::from_secs(60));
-    assert_eq!(r["status"], "partial");
+    assert_eq!(r.status, RunStatus::Partial);
     let lost = agent(&r, "agent-2");
-    assert_eq!(lost["state"]["state"], "lost", "{lost}");
-    let at = lost["state"]["at_ms"].as_u64().unwrap();
+    let AgentState::Lost { at_ms: at, .. } = lost.state else {
+        panic!("agent-2 not lost: {lost:?}");
+    };
     assert!((1..10_000).contains(&at), "lost at {at} ms");
     for n in ["agent-1", "agent-3", "agent-4"] {
-        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+        assert_eq!(agent(&r, n).state, AgentState::Finished, "{n}");
     }
     // And etcd forgets it within its TTL (5 s).
     assert!(wait_for(Duration::from_secs(8), || !c
@@ -160,7 +139,11 @@ fn a_paused_agent_container_is_reported_and_stops_its_own_io_after_the_grace_per
     let r = finish(&mut run, &out, Duration::from_secs(60));
     let log = std::fs::read_to_string(out.with_extension("log")).unwrap();
     let frozen = agent(&r, "agent-3");
-    let state = frozen["state"]["state"].as_str().unwrap();
+    let state = match frozen.state {
+        AgentState::Finished => "finished",
+        AgentState::Lost { .. } => "lost",
+        AgentState::Failed { .. } => "failed",
+    };
     // The coordinator reports it, never silently: its stream broke (keepalive) and either it
     // re-attached once the agent thawed (the agent keeps its events for a re-attach), or the
     // agent had stopped on its own and is lost; a pause the keepalive missed shows as a stall.
@@ -171,17 +154,19 @@ fn a_paused_agent_container_is_reported_and_stops_its_own_io_after_the_grace_per
     );
     if state == "finished" && log.contains("agent agent-3 disconnected") {
         assert!(log.contains("agent agent-3 re-attached"), "{log}");
-        assert_eq!(
-            frozen["disconnections"][0]["reattached_ms"].is_u64(),
-            true,
-            "{frozen}"
+        assert!(
+            frozen
+                .disconnections
+                .first()
+                .is_some_and(|d| d.reattached_ms.is_some()),
+            "{frozen:?}"
         );
     }
     for n in ["agent-1", "agent-2", "agent-4"] {
-        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+        assert_eq!(agent(&r, n).state, AgentState::Finished, "{n}");
     }
     if state == "lost" {
-        assert_eq!(r["status"], "partial");
+        assert_eq!(r.status, RunStatus::Partial);
         // Thawed, it finds nobody listening and stops its IO after --grace 2s: idle again,
         // its files gone, back in the registry.
         let idle = wait_for(Duration::from_secs(15), || {
@@ -200,10 +185,13 @@ fn a_paused_agent_container_is_reported_and_stops_its_own_io_after_the_grace_per
             .contains(&"agent-3".to_string())));
     }
     eprintln!(
-        "pause: agent-3 {state} (at {} ms; stalled reported: {}; disconnections {}), frozen 6 s; scenario {:.1} s (pause->end {:.1} s)",
-        frozen["state"]["at_ms"],
+        "pause: agent-3 {state} (at {:?} ms; stalled reported: {}; disconnections {:?}), frozen 6 s; scenario {:.1} s (pause->end {:.1} s)",
+        match frozen.state {
+            AgentState::Lost { at_ms, .. } => Some(at_ms),
+            _ => None,
+        },
         log.contains("agent agent-3 stalled"),
-        frozen["disconnections"],
+        frozen.disconnections,
         t0.elapsed().as_secs_f64(),
         paused_at.elapsed().as_secs_f64()
     );
@@ -251,10 +239,14 @@ fn an_agent_cut_off_from_the_network_stops_its_own_io_after_the_grace_period() {
         "the run should still be going on the other agents"
     );
     let r = finish(&mut run, &out, Duration::from_secs(60));
-    assert_eq!(r["status"], "partial");
-    assert_eq!(agent(&r, "agent-4")["state"]["state"], "lost");
+    assert_eq!(r.status, RunStatus::Partial);
+    assert!(
+        matches!(agent(&r, "agent-4").state, AgentState::Lost { .. }),
+        "{:?}",
+        agent(&r, "agent-4")
+    );
     for n in ["agent-1", "agent-2", "agent-3"] {
-        assert_eq!(agent(&r, n)["state"]["state"], "finished", "{n}");
+        assert_eq!(agent(&r, n).state, AgentState::Finished, "{n}");
     }
     // Cut off from etcd too: its lease ran out.
     assert!(!c.registered().contains(&"agent-4".to_string()));
@@ -286,27 +278,22 @@ fn an_agent_cut_off_briefly_is_reattached_and_nothing_is_missing() {
     let healed = cut.elapsed();
     let r = finish(&mut run, &out, Duration::from_secs(60));
     let log = std::fs::read_to_string(out.with_extension("log")).unwrap();
-    assert_eq!(r["status"], "completed", "{log}");
+    assert_eq!(r.status, RunStatus::Completed, "{log}");
     let a2 = agent(&r, "agent-2");
-    assert_eq!(a2["state"]["state"], "finished", "{a2}\n{log}");
-    let d = &a2["disconnections"];
-    assert_eq!(d.as_array().map(Vec::len), Some(1), "{a2}\n{log}");
-    let (at, back) = (
-        d[0]["at_ms"].as_u64().unwrap(),
-        d[0]["reattached_ms"].as_u64(),
-    );
-    assert!(back.is_some(), "never re-attached: {a2}\n{log}");
+    assert_eq!(a2.state, AgentState::Finished, "{a2:?}\n{log}");
+    let d = &a2.disconnections;
+    assert_eq!(d.len(), 1, "{a2:?}\n{log}");
+    let (at, back) = (d[0].at_ms, d[0].reattached_ms);
+    assert!(back.is_some(), "never re-attached: {a2:?}\n{log}");
     assert!(log.contains("agent agent-2 re-attached"), "{log}");
     // Every interval of the run is there for agent-2, the cut ones included.
-    let t = lockstep_tests::read_json(&out.join("timeline.json"));
-    let points = t["volumes"]
-        .as_array()
-        .unwrap()
+    let t = lockstep_tests::read_timeline(&out);
+    let points = t
+        .volumes
         .iter()
-        .find(|v| v["node"] == "agent-2")
-        .unwrap()["points"]
-        .as_array()
+        .find(|v| v.node == "agent-2")
         .unwrap()
+        .points
         .len();
     assert!(points >= 16, "agent-2 has {points} intervals of a 16 s run");
     eprintln!(
@@ -337,13 +324,13 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
             .flatten()
             .map(|l| l.name)
     };
-    let c1 = c.start_coordinator("c1", 1, &runs);
+    let c1 = c.start_coordinator("c1", &runs);
     assert!(
         wait_for(Duration::from_secs(15), || leader(&rt).as_deref()
             == Some("c1")),
         "c1 did not lead"
     );
-    c.start_coordinator("c2", 2, &runs);
+    c.start_coordinator("c2", &runs);
     std::thread::sleep(Duration::from_millis(500));
     let o = std::process::Command::new(lockstep_tests::bin("lockstep"))
         .arg("submit")
@@ -361,7 +348,7 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
     wait_running(&c);
     assert_eq!(state(&rt).leader, "c1");
     std::thread::sleep(Duration::from_secs(2));
-    lockstep_tests::docker::docker(&["kill", &c1]);
+    c.kill_container(&c1);
     let killed = Instant::now();
     let taken = wait_for(Duration::from_secs(15), || {
         let s = state(&rt);
@@ -373,17 +360,14 @@ fn the_leader_coordinator_killed_mid_run_is_replaced_by_a_standby_that_aborts_th
         c.agents.iter().all(|a| c.run_state(&a.name) == Some(0))
     });
     assert!(idle, "agents still running the orphaned run");
-    let r = read_json(&runs.join(&id).join("results.json"));
-    assert_eq!(r["status"], "aborted");
+    let r = read_results(&runs.join(&id));
+    assert_eq!(r.status, RunStatus::Aborted);
     assert!(
-        r["status_reason"]
-            .as_str()
-            .unwrap()
-            .contains("standby c2 took over"),
+        r.status_reason.contains("standby c2 took over"),
         "{}",
-        r["status_reason"]
+        r.status_reason
     );
-    assert_eq!(r["agents"].as_array().unwrap().len(), 4);
+    assert_eq!(r.agents.len(), 4);
     eprintln!(
         "leader loss: c1 killed -> c2 took the run over in {:.1} s (TTL 2 s), agents idle {:.1} s after the kill; scenario {:.1} s",
         takeover.as_secs_f64(),

@@ -125,49 +125,45 @@ fn systemd_units_pass_systemd_analyze_verify() {
 
 #[test]
 fn the_from_scratch_image_runs_the_agent() {
+    use lockstep_tests::docker::{block_on, build_image, client};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{GenericImage, ImageExt};
     lockstep_tests::docker::require_docker();
     let bin_dir = bin("lockstep-agent").parent().unwrap().to_path_buf();
-    let out = Command::new(repo().join("deploy/container/build.sh"))
-        .arg("--bin-dir")
-        .arg(&bin_dir)
-        .arg("--tag")
-        .arg("lockstep:deploy-test")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "build.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new("docker")
-        .args(["run", "--rm", "lockstep:deploy-test", "--version"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build_image(Some(&bin_dir), "lockstep:deploy-test");
+    // `--version` from each entry point of the image: the agent's (the default) and the
+    // coordinator's.
+    let version = |entrypoint: Option<&str>| {
+        let mut image = GenericImage::new("lockstep", "deploy-test");
+        if let Some(e) = entrypoint {
+            image = image.with_entrypoint(e);
+        }
+        block_on(async {
+            let c = image.with_cmd(["--version"]).start().await.unwrap();
+            let t = Instant::now();
+            while c.is_running().await.unwrap() && t.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let code = c.exit_code().await.unwrap();
+            let out = String::from_utf8_lossy(&c.stdout_to_vec().await.unwrap()).into_owned();
+            let err = String::from_utf8_lossy(&c.stderr_to_vec().await.unwrap()).into_owned();
+            (code, out, err)
+        })
+    };
+    let (code, out, err) = version(None);
+    assert_eq!(code, Some(0), "{err}");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        out.trim(),
         format!("lockstep-agent {}", env!("CARGO_PKG_VERSION"))
     );
-    let out = Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--entrypoint",
-            "/usr/local/bin/lockstep",
-            "lockstep:deploy-test",
-            "--version",
-        ])
-        .output()
-        .unwrap();
+    let (code, out, err) = version(Some("/usr/local/bin/lockstep"));
     assert!(
-        String::from_utf8_lossy(&out.stdout).starts_with("lockstep "),
-        "{out:?}"
+        code == Some(0) && out.starts_with("lockstep "),
+        "{out}{err}"
     );
-    let _ = Command::new("docker")
-        .args(["rmi", "lockstep:deploy-test"])
-        .output();
+    let _ = block_on(client().remove_image(
+        "lockstep:deploy-test",
+        None::<bollard::query_parameters::RemoveImageOptions>,
+        None,
+    ));
 }

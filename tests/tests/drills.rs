@@ -8,83 +8,73 @@
 //! the bounds here are looser because CI machines are noisy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::process::Command;
 
-use lockstep_tests::{bin, output_text, read_json, run_plan, scratch, start_agent};
-use serde_json::Value;
+use lockstep::results::drill::{DrillTarget, Percentiles, WindowStats};
+use lockstep::results::timeline::VolumePoint;
+use lockstep::results::{RunResults, Summary};
+use lockstep_agent::verify::{BlockRef, VerifyReport};
+use lockstep_tests::{
+    RunStatus, agent, bin, output_text, read_json, read_results, read_timeline, run_plan, scratch,
+    serial, start_agent,
+};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn run(dir: &Path, plan: &str, local: Option<usize>, extra: &[&str]) -> (Output, PathBuf) {
-    run_plan(dir, plan, local, extra)
-}
-
-fn text(o: &Output) -> String {
-    output_text(o)
-}
-
-fn volume<'a>(r: &'a Value, node: &str) -> &'a Value {
-    r["volumes"]
-        .as_array()
-        .unwrap()
+/// The summary of `node`'s volume.
+fn volume<'a>(r: &'a RunResults, node: &str) -> &'a Summary {
+    &r.volumes
         .iter()
-        .find(|v| v["node"] == node)
+        .find(|v| v.node == node)
         .unwrap_or_else(|| panic!("no volume of {node}"))
+        .summary
 }
 
-fn ms(ns: &Value) -> f64 {
-    ns.as_f64().unwrap() / 1e6
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
 }
 
 /// The drill entry of the fault on `node`.
-fn drill<'a>(r: &'a Value, node: &str) -> &'a Value {
-    r["drill"]["faults"]
-        .as_array()
+fn drill<'a>(r: &'a RunResults, node: &str) -> &'a DrillTarget {
+    r.drill
+        .as_ref()
         .expect("a drill report")
+        .faults
         .iter()
-        .flat_map(|f| f["volumes"].as_array().unwrap())
-        .find(|v| {
-            v["target"]
-                .as_str()
-                .unwrap()
-                .starts_with(&format!("{node}/"))
-        })
+        .flat_map(|f| &f.volumes)
+        .find(|v| v.target.starts_with(&format!("{node}/")))
         .unwrap_or_else(|| panic!("no drill entry for {node}"))
+}
+
+/// A drill window that must be there: before, during or after the fault.
+fn window<'a>(w: &'a Option<WindowStats>, which: &str) -> &'a WindowStats {
+    w.as_ref()
+        .unwrap_or_else(|| panic!("no {which} window in the drill entry"))
+}
+
+/// Latency from the intended issue of a drill window (open-loop workloads).
+fn intended(w: &WindowStats) -> &Percentiles {
+    w.lat_intended
+        .as_ref()
+        .expect("open-loop latency in the drill window")
 }
 
 /// Per-interval IOPS of a volume from timeline.json: (interval start s, IOPS).
 /// A node's measured points from timeline.json. The last interval may be a few ms long (IOs
 /// finishing after the runtime) and is left out.
-fn timeline_points(out: &Path, node: &str) -> Vec<serde_json::Value> {
-    let t = read_json(&out.join("timeline.json"));
-    let v = t["volumes"]
-        .as_array()
-        .unwrap()
+fn timeline_points(out: &Path, node: &str) -> Vec<VolumePoint> {
+    let t = read_timeline(out);
+    let v = t.volumes.iter().find(|v| v.node == node).unwrap();
+    v.points
         .iter()
-        .find(|v| v["node"] == node)
-        .unwrap();
-    v["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["len_ms"].as_f64().unwrap() >= 500.0)
-        .cloned()
+        .filter(|p| p.len_ms >= 500)
+        .copied()
         .collect()
 }
 
 /// A point's start (s) and IOPS.
-fn point_start_and_iops(p: &serde_json::Value) -> (f64, f64) {
-    let len = p["len_ms"].as_f64().unwrap();
-    let ios = p["ios"][0].as_f64().unwrap() + p["ios"][1].as_f64().unwrap();
-    (
-        (p["t_ms"].as_f64().unwrap() - len) / 1000.0,
-        ios * 1000.0 / len,
-    )
+fn point_start_and_iops(p: &VolumePoint) -> (f64, f64) {
+    let len = p.len_ms as f64;
+    let ios = (p.ios[0] + p.ios[1]) as f64;
+    ((p.t_ms as f64 - len) / 1000.0, ios * 1000.0 / len)
 }
 
 fn iops_series(out: &Path, node: &str) -> Vec<(f64, f64)> {
@@ -119,32 +109,34 @@ duration = "200ms"
 target = { agents = ["agent-2"] }
 kind = "stall"
 "#;
-    let (o, out) = run(dir.path(), plan, Some(2), &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let r = read_json(&out.join("results.json"));
+    let (o, out) = run_plan(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let r = read_results(&out);
     // (a) the rate: the clean volume did 5,000 IOPS.
-    let clean = &volume(&r, "agent-1")["summary"]["total"];
-    let iops = clean["iops"].as_f64().unwrap();
+    let clean = &volume(&r, "agent-1").total;
+    let iops = clean.iops;
     let err = (iops - 5000.0).abs() / 5000.0 * 100.0;
     println!(
         "rate: target 5000 IOPS, achieved {iops:.1} IOPS ({err:.2}% off) over {} IOs",
-        clean["ios"]
+        clean.ios
     );
     assert!(err < 3.0, "achieved {iops} IOPS for a 5,000 target");
     // Open loop: even the stalled volume catches up and keeps the rate over the run.
-    let stalled = &volume(&r, "agent-2")["summary"]["total"];
-    assert!(
-        (stalled["iops"].as_f64().unwrap() - 5000.0).abs() < 150.0,
-        "{}",
-        stalled["iops"]
-    );
+    let stalled = &volume(&r, "agent-2").total;
+    assert!((stalled.iops - 5000.0).abs() < 150.0, "{}", stalled.iops);
     // (b) the stall: corrected latency shows it, uncorrected hides it. The stall delays the
     // ~1,000 IOs scheduled in its 200 ms (1.7% of the run's 60,000) by 0-200 ms each, so the
     // corrected p99 is near 80 ms and its p99.9 near 200 ms. Measured from actual issue, only
     // the <= 32 IOs in flight when it began (0.05%) wait: p99 stays at the device's latency.
     // (The uncorrected p99.9 is the 28th slowest IO outside the stall, i.e. the host's noise:
     // 8-17 ms alone, 71 ms once on a busy CI host, so it is printed, not asserted.)
-    let pct = |lat: &str, p: &str| ms(&stalled[lat]["percentiles"][p]);
+    let pct = |lat: &str, p: &str| {
+        let summary = match lat {
+            "lat_intended" => stalled.lat_intended.as_ref().expect("open-loop latency"),
+            _ => &stalled.lat,
+        };
+        ms(summary.percentiles[p])
+    };
     let (corrected, uncorrected) = (pct("lat_intended", "99.900000"), pct("lat", "99.900000"));
     let (corrected99, uncorrected99) = (pct("lat_intended", "99.000000"), pct("lat", "99.000000"));
     println!(
@@ -165,10 +157,10 @@ kind = "stall"
     );
     // The drill report: the interval of the stall, and its recovery.
     let d = drill(&r, "agent-2");
-    let during = &d["during"];
-    println!("drill: {d:#}");
-    assert!(ms(&during["lat_intended"]["p99_ns"]) >= 150.0, "{during}");
-    assert!(d["baseline"]["iops"].as_f64().unwrap() > 4500.0);
+    let during = window(&d.during, "during");
+    println!("drill: {d:#?}");
+    assert!(ms(intended(during).p99_ns) >= 150.0, "{during:?}");
+    assert!(window(&d.baseline, "baseline").iops > 4500.0);
     let report = String::from_utf8_lossy(&o.stdout);
     assert!(report.contains("stall on agent-2/data"), "{report}");
 }
@@ -204,11 +196,11 @@ size_gib = 60
 time_scale = {time_scale}
 "#
     );
-    let (o, out) = run(dir.path(), &plan, Some(1), &[]);
+    let (o, out) = run_plan(dir.path(), &plan, Some(1), &[]);
     assert!(
         o.status.success() || o.status.code() == Some(1),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     let series = iops_series(&out, "agent-1");
     println!(
@@ -280,48 +272,43 @@ verify = "crc32c"
     let drop = "[[fault]]\nat = \"1s\"\ntarget = {}\nkind = \"drop_writes\"\nfraction = 0.01\n";
     let d1 = dir.path().join("drop");
     std::fs::create_dir_all(&d1).unwrap();
-    let (o, out) = run(&d1, &plan(drop), None, &["--keep-files"]);
+    let (o, out) = run_plan(&d1, &plan(drop), None, &["--keep-files"]);
     assert_eq!(
         o.status.code(),
         Some(1),
         "lost writes must fail the run: {}",
-        text(&o)
+        output_text(&o)
     );
-    let r = read_json(&out.join("results.json"));
-    let v = &r["verify"][0];
-    let set = |a: &Value| -> std::collections::BTreeSet<(String, u64)> {
-        a.as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                (
-                    f["file"].as_str().unwrap().to_string(),
-                    f["offset"].as_u64().unwrap(),
-                )
-            })
-            .collect()
+    let r = read_results(&out);
+    let v = &r.verify[0].report;
+    let set =
+        |blocks: &mut dyn Iterator<Item = BlockRef>| -> std::collections::BTreeSet<(String, u64)> {
+            blocks.map(|b| (b.file, b.offset)).collect()
+        };
+    let findings = |v: &VerifyReport| {
+        set(&mut v.findings.iter().map(|f| BlockRef {
+            file: f.file.clone(),
+            offset: f.offset,
+        }))
     };
-    let found = set(&v["findings"]);
-    let dropped = set(&v["dropped_blocks"]);
+    let found = findings(v);
+    let dropped = set(&mut v.dropped_blocks.iter().cloned());
     println!(
         "drop_writes 1%: {} writes dropped, {} blocks left without their last acknowledged write; verifier: {} lost, {} stale, {} corrupt of {} blocks",
-        v["dropped_writes"],
+        v.dropped_writes,
         dropped.len(),
-        v["lost"],
-        v["stale"],
-        v["corrupt"],
-        v["blocks"]
+        v.lost,
+        v.stale,
+        v.corrupt,
+        v.blocks
     );
-    assert!(dropped.len() >= 5, "expected ~1% of 2048 blocks: {v}");
+    assert!(dropped.len() >= 5, "expected ~1% of 2048 blocks: {v:?}");
     assert_eq!(
         found, dropped,
         "the verifier must find exactly the dropped blocks"
     );
-    assert_eq!(
-        v["lost"].as_u64().unwrap() + v["stale"].as_u64().unwrap(),
-        dropped.len() as u64
-    );
-    assert_eq!(v["corrupt"], 0);
+    assert_eq!(v.lost + v.stale, dropped.len() as u64);
+    assert_eq!(v.corrupt, 0);
     let report = String::from_utf8_lossy(&o.stdout);
     assert!(
         report.contains("verify (crc32c") && report.contains("FAILED"),
@@ -333,32 +320,26 @@ verify = "crc32c"
         .arg(&vol)
         .output()
         .unwrap();
-    assert_eq!(o2.status.code(), Some(1), "{}", text(&o2));
-    let later: Value = serde_json::from_slice(&o2.stdout).unwrap();
-    assert_eq!(set(&later["findings"]), dropped);
+    assert_eq!(o2.status.code(), Some(1), "{}", output_text(&o2));
+    let later: VerifyReport = serde_json::from_slice(&o2.stdout).unwrap();
+    assert_eq!(findings(&later), dropped);
     // The clean run: zero, and exit 0.
     for e in std::fs::read_dir(&vol).unwrap() {
         std::fs::remove_file(e.unwrap().path()).unwrap();
     }
     let d2 = dir.path().join("clean");
     std::fs::create_dir_all(&d2).unwrap();
-    let (o, out) = run(&d2, &plan(""), None, &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let v = &read_json(&out.join("results.json"))["verify"][0];
+    let (o, out) = run_plan(&d2, &plan(""), None, &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let clean = read_results(&out);
+    let v = &clean.verify[0].report;
     println!(
         "clean run: {} blocks, {} lost, {} stale, {} corrupt",
-        v["blocks"], v["lost"], v["stale"], v["corrupt"]
+        v.blocks, v.lost, v.stale, v.corrupt
     );
-    assert!(v["blocks"].as_u64().unwrap() > 1000);
-    assert_eq!(
-        (
-            v["lost"].as_u64(),
-            v["stale"].as_u64(),
-            v["corrupt"].as_u64()
-        ),
-        (Some(0), Some(0), Some(0))
-    );
-    assert_eq!(v["good"], v["blocks"]);
+    assert!(v.blocks > 1000);
+    assert_eq!((v.lost, v.stale, v.corrupt), (0, 0, 0));
+    assert_eq!(v.good, v.blocks);
     // Without --keep-files nothing is left behind, state files included.
     assert_eq!(std::fs::read_dir(&vol).unwrap().count(), 0);
 }
@@ -413,82 +394,67 @@ target = { agents = ["agent-5"] }
 kind = "eio"
 fraction = 0.05
 "#;
-    let (o, out) = run(dir.path(), plan, Some(5), &[]);
-    let r = read_json(&out.join("results.json"));
+    let (o, out) = run_plan(dir.path(), plan, Some(5), &[]);
+    let r = read_results(&out);
     let report = String::from_utf8_lossy(&o.stdout).to_string();
+    // A fault's baseline and during windows.
     let show = |node: &str, what: &str| {
         let d = drill(&r, node);
+        let (before, during) = (window(&d.baseline, "baseline"), window(&d.during, "during"));
         println!(
             "{what}: baseline {:.0} IOPS p50 {:.2} ms -> during {:.0} IOPS p50 {:.2} ms, {} errors",
-            d["baseline"]["iops"].as_f64().unwrap(),
-            ms(&d["baseline"]["lat"]["p50_ns"]),
-            d["during"]["iops"].as_f64().unwrap(),
-            ms(&d["during"]["lat"]["p50_ns"]),
-            d["during"]["errors"]
+            before.iops,
+            ms(before.lat.p50_ns),
+            during.iops,
+            ms(during.lat.p50_ns),
+            during.errors
         );
-        d.clone()
+        (before.clone(), during.clone(), d.clone())
     };
-    let cap = show("agent-1", "iops_cap total=200");
-    assert!(cap["baseline"]["iops"].as_f64().unwrap() > 900.0);
-    assert!(cap["during"]["iops"].as_f64().unwrap() < 280.0, "{cap}");
-    let bw = show("agent-2", "bw_cap 1 MB/s (244 IOPS of 4 KiB)");
-    assert!(bw["during"]["iops"].as_f64().unwrap() < 320.0, "{bw}");
-    let lat = show("agent-3", "latency +20 ms");
-    assert!(ms(&lat["during"]["lat"]["p50_ns"]) >= 20.0, "{lat}");
-    assert!(ms(&lat["baseline"]["lat"]["p50_ns"]) < 10.0, "{lat}");
+    let (cap_before, cap, _) = show("agent-1", "iops_cap total=200");
+    assert!(cap_before.iops > 900.0);
+    assert!(cap.iops < 280.0, "{cap:?}");
+    let (_, bw, _) = show("agent-2", "bw_cap 1 MB/s (244 IOPS of 4 KiB)");
+    assert!(bw.iops < 320.0, "{bw:?}");
+    let (lat_before, lat, _) = show("agent-3", "latency +20 ms");
+    assert!(ms(lat.lat.p50_ns) >= 20.0, "{lat:?}");
+    assert!(ms(lat_before.lat.p50_ns) < 10.0, "{lat_before:?}");
     // A 3 s stall with a 500 ms stuck timeout: nothing completes during it, the held IOs
     // land right after it (and carry the whole wait), and they are listed as stuck.
-    let stall = show("agent-4", "stall 3 s");
-    assert!(stall["during"]["iops"].as_f64().unwrap() < 50.0, "{stall}");
+    let (_, stall_during, stall) = show("agent-4", "stall 3 s");
+    assert!(stall_during.iops < 50.0, "{stall:?}");
+    let stall_after = intended(window(&stall.after, "after")).p99_ns;
     println!(
         "stall 3 s: after it, p99 from intended issue {:.0} ms",
-        ms(&stall["after"]["lat_intended"]["p99_ns"])
+        ms(stall_after)
     );
-    assert!(
-        ms(&stall["after"]["lat_intended"]["p99_ns"]) >= 2000.0,
-        "{stall}"
-    );
-    let stuck: Vec<&Value> = r["stuck_ios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["node"] == "agent-4")
-        .collect();
+    assert!(ms(stall_after) >= 2000.0, "{stall:?}");
+    let stuck: Vec<_> = r.stuck_ios.iter().filter(|s| s.node == "agent-4").collect();
     println!(
         "stuck IOs on agent-4: {} listed, e.g. {}",
         stuck.len(),
-        stuck.first().map_or("none".into(), |s| s.to_string())
+        stuck.first().map_or("none".into(), |s| format!("{s:?}"))
     );
     assert!(!stuck.is_empty(), "the stall's IOs must be listed as stuck");
     assert!(
         stuck
             .iter()
-            .all(|s| s["latency_ms"].as_u64().unwrap() >= 500
-                && (1900..=3100).contains(&s["start_ms"].as_u64().unwrap()))
+            .all(|s| s.latency_ms >= 500 && (1900..=3100).contains(&s.start_ms))
     );
     assert!(report.contains("stuck IOs"), "{report}");
     assert!(
-        r["stuck_ios"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|s| s["node"] == "agent-4"),
+        r.stuck_ios.iter().all(|s| s.node == "agent-4"),
         "only the stalled volume had stuck IOs"
     );
     // EIO ends the job at its first error (fio's continue_on_error=none): the error is
     // counted in the fault's window and named in the agent's errors.
-    let eio = show("agent-5", "eio 5%");
-    assert!(eio["during"]["errors"].as_u64().unwrap() >= 1, "{eio}");
-    assert_eq!(eio["baseline"]["errors"], 0);
-    let a5 = r["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == "agent-5")
-        .unwrap();
+    let (eio_before, eio, _) = show("agent-5", "eio 5%");
+    assert!(eio.errors >= 1, "{eio:?}");
+    assert_eq!(eio_before.errors, 0);
+    let a5 = agent(&r, "agent-5");
     assert!(
-        a5["errors"].to_string().contains("Input/output error"),
-        "{a5}"
+        a5.errors.iter().any(|e| e.contains("Input/output error")),
+        "{a5:?}"
     );
     for kind in [
         "iops_cap on agent-1/data",
@@ -532,22 +498,19 @@ target = { agents = ["agent-2"] }
 kind = "eio"
 fraction = 0.05
 "#;
-    let (o, out) = run(dir.path(), plan, Some(2), &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "completed", "{}", r["status_reason"]);
-    for a in r["agents"].as_array().unwrap() {
-        assert_eq!(a["errors"], serde_json::json!([]), "{a}");
+    let (o, out) = run_plan(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Completed, "{}", r.status_reason);
+    for a in &r.agents {
+        assert!(a.errors.is_empty(), "{a:?}");
     }
     // Per interval, on the failing volume: errors in each second of the fault, IO in every
     // interval until the end of the run (after the first error and after the fault).
     let points = timeline_points(&out, "agent-2");
     let series: Vec<(u64, u64, u64)> = points
         .iter()
-        .map(|p| {
-            let n = |k: &str| p[k][0].as_u64().unwrap() + p[k][1].as_u64().unwrap();
-            (p["t_ms"].as_u64().unwrap(), n("ios"), n("errors"))
-        })
+        .map(|p| (p.t_ms, p.ios[0] + p.ios[1], p.errors[0] + p.errors[1]))
         .collect();
     println!("agent-2 (t_ms, ios, errors): {series:?}");
     let first_error = series
@@ -564,23 +527,17 @@ fraction = 0.05
     assert!(series.last().unwrap().0 >= 5500, "{series:?}");
     // About 5% of the ~2,000 IOs of the fault's 4 s, in the totals as in the intervals.
     let per_interval: u64 = series.iter().map(|&(_, _, e)| e).sum();
-    let total = volume(&r, "agent-2")["summary"]["total"]["errors"]
-        .as_u64()
-        .unwrap();
+    let total = volume(&r, "agent-2").total.errors;
     println!("agent-2: {total} errors in total, {per_interval} in the full intervals");
     assert!((40..=200).contains(&total), "{total}");
     assert!(per_interval <= total && per_interval + 30 >= total);
-    let cluster: u64 = r["cluster_timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["errors"].as_u64().unwrap())
-        .sum();
+    let cluster: u64 = r.cluster_timeline.iter().map(|p| p.errors).sum();
     assert_eq!(cluster, total, "the cluster's intervals count every error");
-    assert_eq!(r["cluster"]["total"]["errors"], total);
-    assert_eq!(volume(&r, "agent-1")["summary"]["total"]["errors"], 0);
+    assert_eq!(r.cluster.total.errors, total);
+    assert_eq!(volume(&r, "agent-1").total.errors, 0);
     // fio.json: fio's total_err and first_error (EIO) on the failing volume's job; the job's
-    // error is the first error, as fio reports a job that went on after errors.
+    // error is the first error, as fio reports a job that went on after errors. fio's format,
+    // not the coordinator's model: read as JSON.
     let fio = read_json(&out.join("fio.json"));
     let job = |node: &str| {
         fio["client_stats"]
@@ -630,23 +587,20 @@ target = { agents = ["agent-2"] }
 kind = "eio"
 fraction = 0.05
 "#;
-    let (o, out) = run(dir.path(), plan, Some(2), &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let r = read_json(&out.join("results.json"));
-    let errors = volume(&r, "agent-2")["summary"]["write"]["errors"]
-        .as_u64()
-        .unwrap();
-    let v = r["verify"]
-        .as_array()
-        .unwrap()
+    let (o, out) = run_plan(dir.path(), plan, Some(2), &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let r = read_results(&out);
+    let errors = volume(&r, "agent-2").write.errors;
+    let v = &r
+        .verify
         .iter()
-        .find(|v| v["node"] == "agent-2")
+        .find(|v| v.node == "agent-2")
         .expect("agent-2 verified")
-        .clone();
-    println!("agent-2: {errors} failed writes; verification {v}");
+        .report;
+    println!("agent-2: {errors} failed writes; verification {v:?}");
     assert!(errors >= 20, "{errors}");
-    assert_eq!(v["good"], v["blocks"], "{v}");
-    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    assert_eq!(v.good, v.blocks, "{v:?}");
+    assert!(v.errors.is_empty(), "{v:?}");
 }
 
 /// Unmounts and detaches the loop device when the test ends, pass or fail.
@@ -750,8 +704,8 @@ riops = 200
         let (_a, addr) = start_agent("k1", v.path(), &[]);
         let d = dir.path().join("refused");
         std::fs::create_dir_all(&d).unwrap();
-        let (o, _) = run(&d, &plan(&addr), None, &[]);
-        let t = text(&o);
+        let (o, _) = run_plan(&d, &plan(&addr), None, &[]);
+        let t = output_text(&o);
         println!(
             "kernel_throttle on tmpfs: {}",
             t.lines()
@@ -784,23 +738,24 @@ riops = 200
     let (_agent, addr) = start_agent("k1", &mount.mnt, &[]);
     let d = dir.path().join("throttled");
     std::fs::create_dir_all(&d).unwrap();
-    let (o, out) = run(&d, &plan(&addr), None, &[]);
+    let (o, out) = run_plan(&d, &plan(&addr), None, &[]);
     assert!(
         o.status.success() || o.status.code() == Some(1),
         "{}",
-        text(&o)
+        output_text(&o)
     );
-    let r = read_json(&out.join("results.json"));
+    let r = read_results(&out);
     let k = drill(&r, "k1");
+    let (k_before, k_during) = (window(&k.baseline, "baseline"), window(&k.during, "during"));
     let series = iops_series(&out, "k1");
     println!(
         "kernel_throttle riops=200 on {}: IOPS per interval {:?}; baseline {:.0}, during {:.0}",
         mount.dev,
         series.iter().map(|s| s.1.round()).collect::<Vec<_>>(),
-        k["baseline"]["iops"].as_f64().unwrap(),
-        k["during"]["iops"].as_f64().unwrap()
+        k_before.iops,
+        k_during.iops
     );
-    assert!(k["baseline"]["iops"].as_f64().unwrap() > 900.0, "{k}");
+    assert!(k_before.iops > 900.0, "{k:?}");
     // The kernel holds the limit to the IO: whole intervals of the window at ~200 IOPS. (On the
     // test VM, cgroup v1's throttle has now and then let a burst through late in a window
     // while the limit stayed set, so the bound on the window's mean is looser.)
@@ -813,7 +768,7 @@ riops = 200
         inside.iter().any(|&x| (150.0..=250.0).contains(&x)),
         "no interval at the limit: {series:?}"
     );
-    assert!(k["during"]["iops"].as_f64().unwrap() < 500.0, "{k}");
+    assert!(k_during.iops < 500.0, "{k:?}");
     // The queue built in the kernel shows in the uncorrected latency too (32 / 200 IOPS), in
     // the intervals held at the limit. (Not in the window's p50: when the limit lifts a few ms
     // before the window's last boundary, the open-loop backlog floods through in those ms, and
@@ -824,11 +779,11 @@ riops = 200
             let (start, iops) = point_start_and_iops(p);
             start >= 2.0 && start + 1.0 <= 5.0 && (150.0..=250.0).contains(&iops)
         })
-        .map(|p| p["lat_p50_us"].as_f64().unwrap() / 1000.0)
+        .map(|p| p.lat_p50_us / 1000.0)
         .collect();
     assert!(
         !held.is_empty() && held.iter().all(|&p50| p50 > 50.0),
-        "p50 ms of the intervals at the limit: {held:?}; {k}"
+        "p50 ms of the intervals at the limit: {held:?}; {k:?}"
     );
     drop(_agent);
 }
@@ -858,56 +813,50 @@ direct = 1
 "#
         )
     };
-    let (o, _) = run(
+    let (o, _) = run_plan(
         &mkdir(dir.path().join("bad")),
         &plan("rate_iops = 100"),
         Some(1),
         &[],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
     assert!(
-        text(&o).contains("give rate_iops or rate_curve, not both"),
+        output_text(&o).contains("give rate_iops or rate_curve, not both"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
-    let (o, out) = run(&mkdir(dir.path().join("ok")), &plan(""), Some(1), &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let r = read_json(&out.join("results.json"));
-    let c = &r["curve"]["roles"][0];
-    let steps = c["steps"].as_array().unwrap();
+    let (o, out) = run_plan(&mkdir(dir.path().join("ok")), &plan(""), Some(1), &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let r = read_results(&out);
+    let series = r.series.as_ref().expect("a curve's figures");
+    let c = &series.curve.as_ref().expect("a curve section").roles[0];
+    let steps = &c.steps;
     assert_eq!(
-        steps
-            .iter()
-            .map(|s| s["name"].as_str().unwrap())
-            .collect::<Vec<_>>(),
+        steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
         ["max", "50%", "100%"]
     );
-    let max = c["max_iops_per_volume"].as_f64().unwrap();
+    let max = c.max_iops_per_volume;
     println!("curve: maximum {max:.0} IOPS (closed loop, iodepth 8)");
     for s in &steps[1..] {
-        let target = s["target_iops"].as_f64().unwrap();
-        let achieved = s["role"]["iops"].as_f64().unwrap();
+        let target = s.target_iops.expect("an open-loop step's target") as f64;
+        let achieved = s.role.iops;
         println!(
             "curve step {}: target {target:.0} IOPS, achieved {achieved:.0}, p99 {:.2} ms",
-            s["name"],
-            ms(&s["role"]["p99_ns"])
+            s.name,
+            ms(s.role.p99_ns)
         );
         assert!(
-            (target - max * s["percent"].as_f64().unwrap() / 100.0).abs() <= 1.0,
-            "{s}"
+            (target - max * s.percent.expect("a step's percentage") / 100.0).abs() <= 1.0,
+            "{s:?}"
         );
-        assert!(s["role"]["intended"].as_bool().unwrap());
-        assert!(
-            out.join(s["dir"].as_str().unwrap())
-                .join("results.json")
-                .is_file()
-        );
+        assert!(s.role.intended);
+        assert!(out.join(&s.dir).join("results.json").is_file());
     }
-    let half = &steps[1]["role"];
-    let target = steps[1]["target_iops"].as_f64().unwrap();
+    let half = &steps[1].role;
+    let target = steps[1].target_iops.expect("the 50% step's target") as f64;
     assert!(
-        (half["iops"].as_f64().unwrap() - target).abs() / target < 0.05,
-        "the 50% step must hold its rate: {half}"
+        (half.iops - target).abs() / target < 0.05,
+        "the 50% step must hold its rate: {half:?}"
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("rate curve, role db"));
 }

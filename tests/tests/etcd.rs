@@ -6,7 +6,17 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockstep_tests::{Etcd, Proc, bin, read_json, scratch, start_agent};
+use lockstep_agent::registry::Registration;
+use lockstep_tests::{Etcd, Proc, RunStatus, bin, read_results, scratch, start_agent};
+
+/// One entry of `lockstep agents --json`: the coordinator's `orchestrate::registry::LiveAgent`
+/// (which is Serialize only), read back through the agent's own registration type.
+#[derive(serde::Deserialize)]
+struct ListedAgent {
+    #[serde(flatten)]
+    registration: Registration,
+    lease_ttl_left_s: Option<i64>,
+}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -101,11 +111,11 @@ fn an_agent_is_listed_within_2s_of_starting_and_gone_within_its_ttl_after_a_kill
         .args(["agents", "--json", "--etcd", &etcd.url])
         .output()
         .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v[0]["name"], "n1");
-    assert_eq!(v[0]["volumes"][0]["name"], "data");
-    assert_eq!(v[0]["labels"]["role"], "worker");
-    assert!(v[0]["lease_ttl_left_s"].as_i64().unwrap() <= 5);
+    let v: Vec<ListedAgent> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0].registration.name, "n1");
+    assert_eq!(v[0].registration.volumes[0].name, "data");
+    assert_eq!(v[0].registration.labels["role"], "worker");
+    assert!(v[0].lease_ttl_left_s.unwrap() <= 5);
 
     // SIGKILL: no revoke, the lease must run out. The default TTL is 5 s.
     agent.signal(libc::SIGKILL);
@@ -206,22 +216,17 @@ size = "8m"
         .unwrap();
     eprintln!("run via --etcd: {:.1} s", t.elapsed().as_secs_f64());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "completed");
-    let mut nodes: Vec<&str> = r["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["node"].as_str().unwrap())
-        .collect();
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Completed);
+    let mut nodes: Vec<&str> = r.volumes.iter().map(|v| v.node.as_str()).collect();
     nodes.sort();
     assert_eq!(
         nodes,
         ["w1", "w2"],
         "only the agents labelled role=worker run"
     );
-    for v in r["volumes"].as_array().unwrap() {
-        assert!(v["summary"]["read"]["ios"].as_u64().unwrap() > 0, "{v}");
+    for v in &r.volumes {
+        assert!(v.summary.read.ios > 0, "{v:?}");
     }
     // No agent registered: a clear refusal, not an empty run.
     let o = Command::new(bin("lockstep"))

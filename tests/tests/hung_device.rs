@@ -278,7 +278,7 @@ fn a_file_lockstep_created_on_a_device_that_stopped_answering_is_left_in_place()
 
 #[test]
 fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
-    use lockstep_tests::{read_json, spawn_run, start_agent};
+    use lockstep_tests::{AgentState, agent, read_results, spawn_run, start_agent};
     let dir = scratch();
     let ok = dir.path().join("ok");
     std::fs::create_dir_all(&ok).unwrap();
@@ -321,25 +321,20 @@ fn a_cluster_run_ends_when_one_volume_stops_answering_and_names_it() {
         "the cluster run did not end within 60 s of a volume that stopped answering"
     );
     eprintln!("cluster run ended after {took:?} (duration 4 s, stuck_timeout 1 s)");
-    let r = read_json(&out.join("results.json"));
-    let agents = r["agents"].as_array().unwrap();
-    let agent = |n: &str| agents.iter().find(|a| a["name"] == n).unwrap().clone();
-    let (a1, a2) = (agent("a1"), agent("a2"));
-    assert_eq!(a2["state"]["state"], "finished", "{a2}");
+    let r = read_results(&out);
+    let (a1, a2) = (agent(&r, "a1"), agent(&r, "a2"));
+    assert_eq!(a2.state, AgentState::Finished, "{a2:?}");
     assert!(
-        a2["errors"].as_array().unwrap().iter().any(|e| e
-            .as_str()
-            .unwrap_or_default()
-            .contains("the device stopped answering")),
-        "{a2}"
-    );
-    assert!(a1["errors"].as_array().unwrap().is_empty(), "{a1}");
-    let stuck = r["stuck_ios"].as_array().cloned().unwrap_or_default();
-    assert!(
-        stuck
+        a2.errors
             .iter()
-            .any(|s| s["node"] == "a2" && s["completed"] == false),
+            .any(|e| e.contains("the device stopped answering")),
+        "{a2:?}"
+    );
+    assert!(a1.errors.is_empty(), "{a1:?}");
+    let stuck = &r.stuck_ios;
+    assert!(
+        stuck.iter().any(|s| s.node == "a2" && !s.completed),
         "{stuck:?}"
     );
-    assert!(stuck.iter().all(|s| s["node"] == "a2"), "{stuck:?}");
+    assert!(stuck.iter().all(|s| s.node == "a2"), "{stuck:?}");
 }

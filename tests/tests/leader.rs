@@ -6,7 +6,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockstep_tests::{Etcd, Proc, bin, read_json, scratch, start_agent, wait_for};
+use lockstep_tests::{
+    AgentState, Etcd, Proc, RunStatus, bin, read_results, scratch, start_agent, wait_for,
+};
 
 fn coordinator(etcd: &Etcd, name: &str, runs: &Path, log: &Path) -> Proc {
     Proc(
@@ -175,15 +177,15 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
         "{:?}",
         s.history
     );
-    let r = read_json(&Path::new(&s.output_dir).join("results.json"));
-    assert_eq!(r["status"], "aborted");
-    let why = r["status_reason"].as_str().unwrap();
+    let r = read_results(Path::new(&s.output_dir));
+    assert_eq!(r.status, RunStatus::Aborted);
+    let why = &r.status_reason;
     assert!(
         why.contains("standby c2 took over") && why.contains("aborted"),
         "{why}"
     );
-    for a in r["agents"].as_array().unwrap() {
-        assert_eq!(a["state"]["state"], "lost", "{a}");
+    for a in &r.agents {
+        assert!(matches!(a.state, AgentState::Lost { .. }), "{a:?}");
     }
     // `lockstep report` reads what the standby wrote.
     let o = Command::new(bin("lockstep"))
@@ -211,8 +213,8 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
         "{}",
         s2.reason
     );
-    let r2 = read_json(&Path::new(&s2.output_dir).join("results.json"));
-    assert_eq!(r2["status"], "completed");
+    let r2 = read_results(Path::new(&s2.output_dir));
+    assert_eq!(r2.status, RunStatus::Completed);
     // `lockstep runs` shows both.
     let o = Command::new(bin("lockstep"))
         .args(["runs", "--etcd", &etcd.url])

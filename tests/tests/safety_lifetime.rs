@@ -12,15 +12,10 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lockstep_tests::{Proc, bin, output_text, read_json, run_plan, scratch, start_agent, wait_for};
-
-/// One test at a time: these runs lay out gigabytes and start thousands of threads; in parallel
-/// on a 2-core machine they would time each other out.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use lockstep_tests::{
+    Proc, RunStatus, bin, output_text, read_results, run_plan, scratch, serial, start_agent,
+    wait_for,
+};
 
 /// The pids of live `lockstep-agent` processes whose command line mentions `dir` (local agents
 /// get their volume directory under the run's output directory).
@@ -105,6 +100,20 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
 /// Kills (SIGKILL) every agent still running under `dir` when a test ends, so that a failing
 /// test does not leave laying-out orphans behind for the next one.
 struct Reaper(PathBuf);
+
+/// A test's set-up: alone (these runs lay out gigabytes and start thousands of threads), in a
+/// scratch directory, every agent started under it killed when the test ends. Bind all three
+/// (`let (_g, dir, _reaper) = isolated();`): they drop in reverse, agents first.
+fn isolated() -> (
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+    Reaper,
+) {
+    let guard = serial();
+    let dir = scratch();
+    let reaper = Reaper(dir.path().to_path_buf());
+    (guard, dir, reaper)
+}
 
 impl Drop for Reaper {
     fn drop(&mut self) {
@@ -261,9 +270,7 @@ fn assert_nothing_left(dir: &Path, before: &[(i32, Vec<u16>)], died: Instant, wh
 }
 
 fn sigkill_coordinator(mid_layout: bool) {
-    let _g = serial();
-    let dir = scratch();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (_g, dir, _reaper) = isolated();
     let plan = big_layout_plan(if mid_layout { "6g" } else { "16m" }, "60s");
     let (mut run, out) = spawn_local(dir.path(), &plan, 2);
     if mid_layout {
@@ -296,9 +303,7 @@ fn sigkill_to_the_coordinator_mid_layout_leaves_no_local_agent() {
 /// SIGTERM is a stop like Ctrl-C: every agent aborts, results so far are written (status
 /// aborted), and the exit code says SIGTERM (143), within 5 s, with nothing left behind.
 fn sigterm_coordinator(mid_layout: bool) {
-    let _g = serial();
-    let dir = scratch();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (_g, dir, _reaper) = isolated();
     let plan = big_layout_plan(if mid_layout { "6g" } else { "16m" }, "60s");
     let (mut run, out) = spawn_local(dir.path(), &plan, 2);
     if mid_layout {
@@ -329,20 +334,15 @@ fn sigterm_coordinator(mid_layout: bool) {
     let status = run.0.wait().unwrap();
     assert_eq!(status.code(), Some(143), "{what}: {status}");
     assert!(took < Duration::from_secs(5), "{what}: took {took:?}");
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "aborted", "{what}");
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Aborted, "{what}");
     assert!(
-        r["status_reason"].as_str().unwrap().contains("SIGTERM"),
+        r.status_reason.contains("SIGTERM"),
         "{what}: {}",
-        r["status_reason"]
+        r.status_reason
     );
     if !mid_layout {
-        let ios: u64 = r["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v["summary"]["read"]["ios"].as_u64().unwrap())
-            .sum();
+        let ios: u64 = r.volumes.iter().map(|v| v.summary.read.ios).sum();
         assert!(ios > 0, "{what}: the partial results hold the IOs done");
     }
     assert_nothing_left(dir.path(), &before, Instant::now(), what);
@@ -362,9 +362,7 @@ fn sigterm_to_the_coordinator_mid_layout_exits_143_and_leaves_nothing() {
 /// what it created and exits, within 5 s.
 #[test]
 fn sigterm_to_a_daemon_agent_mid_layout_stops_it_and_removes_its_files() {
-    let _g = serial();
-    let dir = scratch();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (_g, dir, _reaper) = isolated();
     let vol = dir.path().join("v1");
     std::fs::create_dir_all(&vol).unwrap();
     let (mut agent, addr) = start_agent("a1", &vol, &[]);
@@ -447,9 +445,7 @@ fn sigterm_to_a_standalone_run_mid_layout_stops_it_and_removes_its_files() {
 /// fail on that agent's volume with the reason, and the run must exit non-zero (1).
 #[test]
 fn a_lost_agent_fails_the_objectives_that_cover_it() {
-    let _g = serial();
-    let dir = scratch();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (_g, dir, _reaper) = isolated();
     let plan = r#"
 name = "gate"
 duration = "6s"
@@ -475,17 +471,12 @@ kind = "kill"
 "#;
     let (o, out) = run_plan(dir.path(), plan, Some(3), &[]);
     let all = output_text(&o);
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "partial", "{all}");
-    let obj = &r["objectives"][0];
-    println!("objective: {obj}; exit {:?}", o.status.code());
-    assert_eq!(obj["passed"], false, "{all}");
-    let failures: Vec<&str> = obj["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Partial, "{all}");
+    let obj = &r.objectives[0];
+    println!("objective: {obj:?}; exit {:?}", o.status.code());
+    assert!(!obj.passed, "{all}");
+    let failures: Vec<&str> = obj.failures.iter().map(String::as_str).collect();
     assert!(
         failures
             .iter()
@@ -557,9 +548,7 @@ size = "8m"
 /// Aborting a run of 2 agents x 2,000 clones (numjobs=2000) ends within 5 s of the signal.
 #[test]
 fn aborting_a_many_clone_run_is_prompt() {
-    let _g = serial();
-    let dir = scratch();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (_g, dir, _reaper) = isolated();
     let plan = r#"
 name = "clones"
 duration = "60s"
@@ -611,6 +600,6 @@ numjobs = 2000
     assert!(took < Duration::from_secs(5), "the abort took {took:?}");
     assert!(ended, "still running 120 s after SIGINT");
     assert_eq!(run.0.wait().unwrap().code(), Some(130));
-    let r = read_json(&out.join("results.json"));
-    assert_eq!(r["status"], "aborted");
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Aborted);
 }

@@ -4,7 +4,8 @@
 //!
 //! `cargo test -p lockstep-tests --test sweep -- --nocapture` prints the measured table.
 
-use lockstep_tests::{output_text, read_json, run_plan, scratch};
+use lockstep::plan::SweepOver;
+use lockstep_tests::{output_text, read_results, run_plan, scratch};
 
 #[test]
 fn a_depth_sweep_runs_one_step_per_depth_and_reports_latency_against_outstanding_ios() {
@@ -27,41 +28,41 @@ direct = 1
     assert!(o.status.success(), "{text}");
     println!("{}", String::from_utf8_lossy(&o.stdout));
 
-    let r = read_json(&out.join("results.json"));
-    assert!(r.get("curve").is_none(), "a sweep is not a curve");
-    let role = &r["sweep"]["roles"][0];
-    assert_eq!(role["role"], "db");
-    assert_eq!(role["over"], "iodepth");
-    let steps = role["steps"].as_array().expect("sweep steps");
-    let depths: Vec<u64> = steps.iter().map(|s| s["depth"].as_u64().unwrap()).collect();
+    let r = read_results(&out);
+    let series = r.series.as_ref().expect("a sweep's figures");
+    assert!(series.curve.is_none(), "a sweep is not a curve");
+    let role = &series.sweep.as_ref().expect("a sweep section").roles[0];
+    assert_eq!(role.role, "db");
+    assert_eq!(role.over, SweepOver::Iodepth);
+    let steps = &role.steps;
+    let depths: Vec<u32> = steps.iter().map(|s| s.depth).collect();
     assert_eq!(depths, [1, 4]);
     for s in steps {
-        let depth = s["depth"].as_u64().unwrap();
-        let dir = s["dir"].as_str().unwrap();
+        let depth = s.depth;
+        let dir = &s.dir;
         assert!(dir.starts_with("sweep/") && dir.ends_with(&format!("-depth{depth}")));
         assert!(out.join(dir).join("results.json").is_file(), "{dir}");
-        let volumes = s["volumes"].as_array().unwrap();
-        assert_eq!(volumes.len(), 2, "{s}");
+        let volumes = &s.volumes;
+        assert_eq!(volumes.len(), 2, "{s:?}");
         for v in volumes {
-            assert!(v["iops"].as_f64().unwrap() > 0.0, "{v}");
-            assert!(v["mean_ns"].as_f64().unwrap() > 0.0, "{v}");
+            assert!(v.lat.iops > 0.0, "{v:?}");
+            assert!(v.lat.mean_ns > 0.0, "{v:?}");
             // One job per volume: as many IOs in flight as the step's depth.
-            assert_eq!(v["outstanding"].as_u64(), Some(depth), "{v}");
-            assert!(v["littles_iops"].as_f64().unwrap() > 0.0, "{v}");
+            assert_eq!(v.outstanding, u64::from(depth), "{v:?}");
+            assert!(v.littles_iops > 0.0, "{v:?}");
         }
-        assert_eq!(s["role"]["outstanding"].as_u64(), Some(2 * depth));
-        let iops = s["role"]["iops"].as_f64().unwrap();
-        let sum: f64 = volumes.iter().map(|v| v["iops"].as_f64().unwrap()).sum();
-        assert!((iops - sum).abs() < 1e-6, "{s}");
+        assert_eq!(s.role.outstanding, 2 * u64::from(depth));
+        let iops = s.role.lat.iops;
+        let sum: f64 = volumes.iter().map(|v| v.lat.iops).sum();
+        assert!((iops - sum).abs() < 1e-6, "{s:?}");
         // The step's run was at that depth: the agents report what they configured.
-        let step = read_json(&out.join(dir).join("results.json"));
-        for v in step["volumes"].as_array().unwrap() {
-            assert_eq!(v["configured_depth"].as_u64(), Some(depth), "{v}");
+        let step = read_results(&out.join(dir));
+        for v in &step.volumes {
+            assert_eq!(v.configured_depth, depth, "{v:?}");
         }
     }
-    let verdicts = role["volume_verdicts"].as_array().unwrap();
-    assert_eq!(verdicts.len(), 2);
-    assert!(!role["verdict"]["text"].as_str().unwrap().is_empty());
+    assert_eq!(role.volume_verdicts.len(), 2);
+    assert!(!role.verdict.text.is_empty());
 
     // The report names the steps and the verdict; so does what was printed.
     let report = std::fs::read_to_string(out.join("report.txt")).unwrap();

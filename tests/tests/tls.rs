@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use lockstep_tests::{bin, read_json, scratch, start_agent};
+use lockstep_tests::{RunStatus, bin, read_results, scratch, start_agent};
 
 fn certs(out: &Path, agents: &str) {
     let o = Command::new(bin("lockstep"))
@@ -79,9 +79,9 @@ fn a_run_over_mutual_tls_works_and_coordinators_without_a_valid_certificate_are_
         &tls_flags(&pki, "coordinator", &ca),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r = read_json(&dir.path().join("ok/results.json"));
-    assert_eq!(r["status"], "completed");
-    assert_eq!(r["volumes"].as_array().unwrap().len(), 2);
+    let r = read_results(&dir.path().join("ok"));
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.volumes.len(), 2);
 
     let refused = |label: &str, flags: Vec<String>| {
         let out = dir.path().join(label);
@@ -170,7 +170,7 @@ fn agents_found_in_etcd_are_dialed_over_mutual_tls_and_a_coordinator_without_it_
     let o = run(&plan, &dir.path().join("ok"), &flags);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(
-        read_json(&dir.path().join("ok/results.json"))["status"],
-        "completed"
+        read_results(&dir.path().join("ok")).status,
+        RunStatus::Completed
     );
 }
