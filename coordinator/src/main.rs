@@ -128,6 +128,9 @@ enum Command {
         dir: PathBuf,
         #[arg(long)]
         json: bool,
+        /// The HTML report (charts, heatmap, sortable tables): to FILE, or to stdout without one.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, conflicts_with = "json")]
+        html: Option<Option<PathBuf>>,
     },
 }
 
@@ -212,7 +215,7 @@ fn main() -> ExitCode {
                 etcd_prefix,
             })
         }),
-        Command::Report { dir, json } => cli::report_command(&dir, json),
+        Command::Report { dir, json, html } => cli::report_command(&dir, json, html),
         Command::Agents {
             etcd,
             etcd_prefix,

@@ -669,10 +669,23 @@ pub fn interrupted_code() -> u8 {
     crate::orchestrate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
 }
 
-/// `lockstep report DIR`: re-renders a finished run.
-pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
-    if json {
+/// `lockstep report DIR`: re-renders a finished run. `html`: `Some(None)` prints report.html,
+/// `Some(Some(FILE))` writes it to FILE.
+pub fn report_command(
+    dir: &Path,
+    json: bool,
+    html: Option<Option<PathBuf>>,
+) -> anyhow::Result<ExitCode> {
+    let mut r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
+    if let Some(to) = html {
+        export::read_timeline(dir, &mut r).map_err(anyhow::Error::msg)?;
+        let page = export::html::render(&r);
+        match to {
+            Some(file) => export::write_atomically(&file, page.as_bytes())
+                .with_context(|| format!("writing {}", file.display()))?,
+            None => print!("{page}"),
+        }
+    } else if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print!("{}", export::text::render(&r));

@@ -9,6 +9,7 @@
 
 pub mod csv;
 pub mod fio;
+pub mod html;
 pub mod metrics;
 pub mod text;
 
@@ -21,14 +22,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     lockstep_agent::standalone::write_atomically(path, bytes)
 }
 
-/// results.json, timeline.json, timeline.csv and report.txt (fio.json and intervals.hlog are
+/// results.json, timeline.json, timeline.csv, report.txt and report.html (fio.json and intervals.hlog are
 /// written by the run). Every file is tried even when one fails (a full or read-only disk), so
 /// what could be written stays; the error names each file that could not be.
 pub fn write_run_dir(dir: &Path, results: &RunResults) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(results).map_err(std::io::Error::other)?;
     let timeline = serde_json::to_vec(&results.timeline).map_err(std::io::Error::other)?;
-    let files: [(&str, Vec<u8>); 4] = [
+    let files: [(&str, Vec<u8>); 5] = [
         ("report.txt", text::render(results).into_bytes()),
+        ("report.html", html::render(results).into_bytes()),
         ("results.json", json),
         ("timeline.json", timeline),
         ("timeline.csv", csv::timeline(results).into_bytes()),
@@ -63,6 +65,21 @@ pub fn check_writable(dir: &Path) -> std::io::Result<()> {
         .create_new(true)
         .open(&probe)?;
     std::fs::remove_file(&probe)
+}
+
+/// Reads a run directory's timeline.json back into `results.timeline` (the per-volume series
+/// report.html's heatmap and chokepoint panel draw); a directory without one keeps it empty.
+pub fn read_timeline(dir: &Path, results: &mut RunResults) -> Result<(), String> {
+    let path = dir.join("timeline.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            results.timeline = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: not a lockstep timeline: {e}", path.display()))?;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 /// Reads a finished run's results.json.

@@ -1,0 +1,132 @@
+use super::*;
+use crate::results::timeline::{FaultWindow, VolumePoint, VolumeSeries};
+use crate::results::{ClusterPoint, ObjectiveResult};
+
+/// Four volumes of one role; agent-3's latency goes 10x at t=20s (a credit cliff), with the
+/// chokepoint result as the run writes it.
+fn quickstart_like() -> RunResults {
+    let summary = serde_json::to_value(crate::results::Summary::default()).unwrap();
+    let mut r: RunResults = serde_json::from_value(serde_json::json!({
+        "lockstep_version": "0", "run_id": "r1", "plan": "quickstart <test>", "status": "completed",
+        "start_unix_ms": 0, "duration_ms": 50000, "interval_ms": 1000, "phases": [],
+        "agents": [], "start_skew_ns": 120000, "cluster": summary, "nodes": [],
+        "volumes": [], "cluster_timeline": [], "objectives": [],
+    }))
+    .unwrap();
+    r.timeline.interval_ms = 1000;
+    for n in 1..=4 {
+        let slow = n == 3;
+        r.timeline.volumes.push(VolumeSeries {
+            node: format!("agent-{n}"),
+            volume: "data".into(),
+            role: "worker".into(),
+            configured_depth: 4,
+            points: (1..=50)
+                .map(|s| {
+                    let after = slow && s > 20;
+                    VolumePoint {
+                        t_ms: s * 1000,
+                        len_ms: 1000,
+                        ios: [if after { 180 } else { 2850 }, 0],
+                        bytes: [if after { 180 * 8192 } else { 2850 * 8192 }, 0],
+                        lat_mean_us: if after { 22000.0 } else { 1400.0 + n as f64 },
+                        lat_p99_us: if after { 60000.0 } else { 8000.0 },
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            ..Default::default()
+        });
+    }
+    r.cluster_timeline = (1..=50)
+        .map(|s| ClusterPoint {
+            t_ms: s * 1000,
+            iops: if s > 20 { 8700.0 } else { 11400.0 },
+            bytes_per_sec: 9e7,
+            lat_p50_us: 1000.0,
+            lat_p99_us: 8000.0,
+            lat_p999_us: 30000.0,
+            volumes: 4,
+            ..Default::default()
+        })
+        .collect();
+    r.faults.push(FaultWindow {
+        node: "agent-1".into(),
+        volume: "data".into(),
+        fault: "latency".into(),
+        start_ms: 30000,
+        end_ms: Some(35000),
+        detail: None,
+    });
+    r.objectives.push(ObjectiveResult {
+        objective: "p99 read < 10ms on every volume".into(),
+        passed: false,
+        failures: vec!["agent-3/data: p99 read 61 ms".into()],
+    });
+    r.chokepoint = Some(serde_json::json!({
+        "text": "node agent-3, volume data (60 GiB gp2): IOPS pinned at 180 from t=20s",
+        "suspects": [],
+        "forecast_before_cliff": {"made_at_ms": 10000, "predicted_ms": 20044, "actual_onset_ms": 20000},
+        "verdict": {"verdict": "volume", "node": "agent-3", "volume": "data", "role": "worker",
+            "kind": "credit_exhaustion", "onset_ms": 20000,
+            "evidence": {"credit": {"model": {"baseline": 180.0, "bucket": 5400000.0, "burst": 3000.0,
+                "kind": "gp2", "size_gib": 60.0, "unit": "io"}, "time_scale": 100.0,
+                "forecast_onset_ms": 20174}}}
+    }));
+    r
+}
+
+#[test]
+fn the_chokepoint_view_reads_the_volume_its_onset_and_credit_model() {
+    let v = chokepoint_view(&quickstart_like()).unwrap();
+    assert_eq!(v.volume, Some(("agent-3".into(), "data".into())));
+    assert_eq!(v.onset_ms, Some(20000));
+    let c = v.credit.unwrap();
+    assert_eq!(c.bucket.bucket, 5_400_000.0);
+    assert_eq!(c.bucket.time_scale, 100.0);
+    assert_eq!(c.forecast_onset_ms, Some(20174));
+    assert_eq!(c.before_cliff, Some((10000, 20044)));
+}
+
+#[test]
+fn the_report_has_every_section_and_needs_no_network() {
+    let html = render(&quickstart_like());
+    for id in [
+        "chart-cluster-iops",
+        "chart-cluster-mbs",
+        "chart-cluster-latency",
+        "heatmap",
+        "chart-suspect-latency",
+        "chart-suspect-iops",
+        "chart-credit-balance",
+        "objectives-table",
+        "agents-table",
+        "volumes-table",
+        "nodes-table",
+    ] {
+        assert!(html.contains(&format!("id=\"{id}\"")), "{id} missing");
+    }
+    assert!(html.contains("data:image/png;base64,"));
+    assert!(html.contains("chokepoint onset: agent-3/data"));
+    assert!(html.contains("fault latency (1 volume(s))"));
+    assert!(html.contains("quickstart &lt;test&gt;"));
+    // Self-contained: nothing is fetched.
+    for remote in ["http://", "https://", "src=\"//"] {
+        let outside_svg_ns = html.replace("http://www.w3.org/2000/svg", "");
+        assert!(!outside_svg_ns.contains(remote), "{remote}");
+    }
+    // The suspect's row is first in the heatmap labels.
+    let labels = html.split("class=\"labels\"").nth(1).unwrap();
+    assert!(labels.find("agent-3/data").unwrap() < labels.find("agent-1/data").unwrap());
+}
+
+#[test]
+fn results_without_a_timeline_or_chokepoint_still_render() {
+    let mut r = quickstart_like();
+    r.timeline = Default::default();
+    r.chokepoint = None;
+    let html = render(&r);
+    assert!(html.contains("No per-volume timeline"));
+    assert!(html.contains("No chokepoint analysis"));
+    assert!(html.ends_with("</html>\n"));
+}
