@@ -17,9 +17,11 @@ figure{margin:8px 0} figcaption{font-size:.85em;color:#555} .scroll{max-height:5
 "#;
 
 /// Click a header to sort by it; cells carry their sort key in `data-v` (numbers sort as
-/// numbers, so "2.1 ms" sorts below "10 ms").
+/// numbers, so "2.1 ms" sorts below "10 ms"). A table it is ready on says so
+/// (`data-sorter="ready"`), which the browser test reads back from the DOM.
 const SORTER: &str = r#"
 document.querySelectorAll("table.sortable").forEach(function(t){
+  t.dataset.sorter="ready";
   t.querySelectorAll("th").forEach(function(th,i){
     th.addEventListener("click",function(){
       var b=t.tBodies[0],rows=Array.prototype.slice.call(b.rows),asc=th.dataset.asc!=="1";

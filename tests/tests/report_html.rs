@@ -1,0 +1,223 @@
+//! report.html in a real browser: a short quickstart-like run on four local agents (one on an
+//! emulated gp2 volume that runs out of credits), then headless Chromium (Debian's `chromium`,
+//! installed by scripts/setup.sh) opens its report.html from disk: no console errors, the
+//! sorter ran, the expected charts and series are in the DOM, and a screenshot is saved under
+//! target/test-output/report_html/.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lockstep_tests::{bin, output_text, run_plan, scratch, target_dir};
+
+const PLAN: &str = r#"
+name = "browser"
+ramp = "2s"
+duration = "14s"
+interval = "1s"
+
+[[role]]
+name = "worker"
+[role.workload.fio]
+rw = "randrw"
+rwmixread = 70
+bs = "8k"
+iodepth = 4
+size = "64m"
+ioengine = "io_uring"
+direct = 1
+
+[[objective]]
+metric = "p99"
+direction = "read"
+below = "10ms"
+scope = "volume"
+
+[[fault]]
+name = "gp2-peers"
+at = "0s"
+target = { agents = ["agent-1", "agent-2", "agent-4"], volumes = ["data"] }
+kind = "ebs"
+volume_type = "gp2"
+size_gib = 1000
+
+[[fault]]
+name = "gp2-credits"
+at = "0s"
+target = { agents = ["agent-3"], volumes = ["data"] }
+kind = "ebs"
+volume_type = "gp2"
+size_gib = 60
+time_scale = 400
+"#;
+
+/// Debian's chromium, or a failure that names the install step.
+pub fn chromium() -> PathBuf {
+    for p in ["/usr/bin/chromium", "/usr/bin/chromium-browser"] {
+        if Path::new(p).is_file() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("chromium is not installed: run scripts/setup.sh (apt-get install chromium)");
+}
+
+/// What headless Chromium made of a page: the DOM after its scripts ran, the console messages
+/// it logged, and how long opening it took.
+pub struct Opened {
+    pub dom: String,
+    pub console: Vec<String>,
+    pub took: Duration,
+}
+
+/// Opens `page` in headless Chromium: `--dump-dom` with the console logged to stderr, then a
+/// full-width screenshot to `shot`.
+pub fn open(page: &Path, shot: &Path) -> Opened {
+    let url = format!("file://{}", page.canonicalize().unwrap().display());
+    let profile = tempfile::tempdir().unwrap();
+    let base = |c: &mut Command| {
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--enable-logging=stderr", "--v=0"]);
+    };
+    let mut dump = Command::new(chromium());
+    base(&mut dump);
+    let start = Instant::now();
+    let o = dump
+        .args(["--dump-dom", &url])
+        .output()
+        .expect("running chromium");
+    let took = start.elapsed();
+    assert!(
+        o.status.success(),
+        "chromium --dump-dom: {}",
+        output_text(&o)
+    );
+    let console = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_string)
+        .collect();
+    let mut snap = Command::new(chromium());
+    base(&mut snap);
+    let s = snap
+        .arg("--window-size=1200,3000")
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .expect("running chromium");
+    assert!(
+        s.status.success(),
+        "chromium --screenshot: {}",
+        output_text(&s)
+    );
+    Opened {
+        dom: String::from_utf8_lossy(&o.stdout).into_owned(),
+        console,
+        took,
+    }
+}
+
+/// Where a test's screenshots stay after it ends.
+pub fn output_dir(test: &str) -> PathBuf {
+    let d = target_dir().join("test-output").join(test);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The `<figure>` with this id, as the DOM has it.
+fn figure<'a>(dom: &'a str, id: &str) -> &'a str {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the DOM"));
+    let rest = &dom[at..];
+    &rest[..rest.find("</figure>").unwrap_or(rest.len())]
+}
+
+#[test]
+fn the_report_of_a_real_run_opens_in_chromium_with_its_charts_and_no_console_errors() {
+    let dir = scratch();
+    let (o, run) = run_plan(dir.path(), PLAN, Some(4), &[]);
+    // The objective fails on agent-3 (exit 1), as the quickstart's does.
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    let page = run.join("report.html");
+    assert!(page.is_file(), "no report.html in {}", run.display());
+    let shot = output_dir("report_html").join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    let opened = open(&page, &shot);
+    println!(
+        "report.html: {} bytes, opened in headless chromium in {:.2} s",
+        std::fs::metadata(&page).unwrap().len(),
+        opened.took.as_secs_f64()
+    );
+    assert!(opened.console.is_empty(), "console: {:#?}", opened.console);
+    let dom = &opened.dom;
+    // The sorter ran on every table (a script error would have stopped it).
+    for table in [
+        "volumes-table",
+        "nodes-table",
+        "agents-table",
+        "objectives-table",
+    ] {
+        let at = dom.find(&format!("id=\"{table}\"")).expect(table);
+        let tag = &dom[dom[..at].rfind('<').unwrap()..at + 60];
+        assert!(tag.contains("data-sorter=\"ready\""), "{table}: {tag}");
+    }
+    for (id, series) in [
+        ("chart-cluster-iops", &["IOPS"][..]),
+        ("chart-cluster-mbs", &["MB/s"]),
+        ("chart-cluster-latency", &["p50", "p99", "p99.9"]),
+        ("chart-suspect-latency", &["agent-3/data", "peers' median"]),
+        ("chart-suspect-iops", &["agent-3/data", "peers' median"]),
+        ("chart-credit-balance", &["modeled credit balance"]),
+    ] {
+        let f = figure(dom, id);
+        assert!(f.contains("<svg"), "#{id} has no svg");
+        assert!(f.contains("<polyline"), "#{id} draws no line");
+        for s in series {
+            assert!(
+                f.contains(&format!(">\n{s}\n</text>")),
+                "#{id}: no series {s} in its legend"
+            );
+        }
+    }
+    // The credit cliff was found and marked on the timeline.
+    assert!(figure(dom, "chart-cluster-iops").contains("chokepoint onset: agent-3/data"));
+    assert!(dom.contains("src=\"data:image/png;base64,"));
+    let volumes = &dom[dom.find("id=\"volumes-table\"").unwrap()..];
+    for n in 1..=4 {
+        assert!(volumes.contains(&format!(">agent-{n}<")), "agent-{n} row");
+    }
+    assert!(dom.contains("FAIL"), "the failed objective");
+    let png = std::fs::read(&shot).expect("the screenshot");
+    assert!(
+        png.len() > 20_000 && &png[1..4] == b"PNG",
+        "{} bytes",
+        png.len()
+    );
+    println!("screenshot: {}", shot.display());
+
+    // `lockstep report DIR --html FILE` renders the same sections again from the directory.
+    let again = dir.path().join("again.html");
+    let r = Command::new(bin("lockstep"))
+        .args(["report"])
+        .arg(&run)
+        .arg("--html")
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1), "{}", output_text(&r));
+    let html = std::fs::read_to_string(&again).unwrap();
+    for id in [
+        "chart-cluster-latency",
+        "heatmap",
+        "chart-credit-balance",
+        "volumes-table",
+    ] {
+        assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
+    }
+}
