@@ -6,6 +6,7 @@
 //! `report`: re-renders a finished run from its directory.
 
 pub mod certs;
+pub mod compare;
 mod curve;
 pub mod live;
 mod series;

@@ -35,6 +35,11 @@ document.querySelectorAll("table.sortable").forEach(function(t){
 });
 "#;
 
+/// HTML-escapes a string.
+pub fn esc_str(s: &str) -> String {
+    esc(&s)
+}
+
 /// The complete HTML document.
 pub fn document(title: &str, body: &str) -> String {
     format!(
