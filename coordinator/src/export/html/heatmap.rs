@@ -149,7 +149,7 @@ pub fn png(g: &Grid) -> Vec<u8> {
     let mut enc = png::Encoder::new(&mut out, g.cols as u32, g.rows as u32);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
-    enc.set_compression(png::Compression::Best);
+    enc.set_compression(png::Compression::Default);
     let data: Vec<u8> = g.cells.iter().flat_map(|c| colour(*c)).collect();
     // Writing to a Vec cannot fail; an encoder error here would be a size mismatch (a bug).
     let mut w = enc.write_header().expect("PNG header into memory");

@@ -560,10 +560,26 @@ fn summary_cells(sm: &Summary) -> Vec<Cell> {
     ]
 }
 
+/// Volumes listed in the table at most: beyond a few thousand rows a browser takes seconds to
+/// lay the page out, and nobody reads them; the rest are in results.json and timeline.csv.
+pub const MAX_VOLUME_ROWS: usize = 1000;
+
 pub fn volume_table(r: &RunResults) -> String {
-    let rows = r
-        .volumes
-        .iter()
+    let mut shown: Vec<&crate::results::VolumeResult> = r.volumes.iter().collect();
+    let note = if shown.len() > MAX_VOLUME_ROWS {
+        // The slowest first: the ones a reader looks for.
+        shown.sort_by_key(|v| std::cmp::Reverse(v.summary.total.lat.p(99.0)));
+        shown.truncate(MAX_VOLUME_ROWS);
+        format!(
+            "<p>The {MAX_VOLUME_ROWS} volumes with the highest p99 of {}; every volume is in \
+             results.json and timeline.csv.</p>\n",
+            r.volumes.len()
+        )
+    } else {
+        String::new()
+    };
+    let rows = shown
+        .into_iter()
         .map(|v| {
             let mut row = vec![
                 Cell::text(&v.node),
@@ -584,7 +600,7 @@ pub fn volume_table(r: &RunResults) -> String {
         })
         .collect();
     format!(
-        "<h2 id=\"volumes\">Volumes</h2>\n{}",
+        "<h2 id=\"volumes\">Volumes</h2>\n{note}{}",
         table(
             "volumes-table",
             &[

@@ -54,9 +54,14 @@ pub fn downsample_mean(points: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Median of a slice (sorted in place); `None` when empty.
+/// Median (nearest rank, the upper one of an even count's two) of a slice, reordered in
+/// place; `None` when empty.
 pub fn median(xs: &mut [f64]) -> Option<f64> {
-    quantile(xs, 0.5)
+    if xs.is_empty() {
+        return None;
+    }
+    let i = ((xs.len() - 1) as f64 * 0.5).round() as usize;
+    Some(*xs.select_nth_unstable_by(i, |a, b| a.total_cmp(b)).1)
 }
 
 /// The `q` quantile (nearest rank) of a slice, sorted in place; `None` when empty.
@@ -104,9 +109,12 @@ pub fn peer_band(
         high: Vec::new(),
     };
     for (_, (t, mut xs)) in by_interval {
-        band.low.push((t, quantile(&mut xs, 0.1).unwrap_or(0.0)));
-        band.median.push((t, quantile(&mut xs, 0.5).unwrap_or(0.0)));
-        band.high.push((t, quantile(&mut xs, 0.9).unwrap_or(0.0)));
+        // One sort per interval; the three quantiles read from it.
+        xs.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+        band.low.push((t, at(0.1)));
+        band.median.push((t, at(0.5)));
+        band.high.push((t, at(0.9)));
     }
     band
 }
