@@ -680,7 +680,19 @@ pub fn report_command(
     let mut r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
     if let Some(to) = html {
         export::read_timeline(dir, &mut r).map_err(anyhow::Error::msg)?;
+        // A long run (thousands of volumes x hours) takes a while: say what is going on.
+        let started = std::time::Instant::now();
+        eprintln!(
+            "lockstep: rendering report.html ({} volumes x {} intervals)",
+            r.timeline.volumes.len(),
+            r.cluster_timeline.len()
+        );
         let page = export::html::render(&r);
+        eprintln!(
+            "lockstep: report.html rendered in {:.1} s ({:.1} MB)",
+            started.elapsed().as_secs_f64(),
+            page.len() as f64 / 1e6
+        );
         match to {
             Some(file) => export::write_atomically(&file, page.as_bytes())
                 .with_context(|| format!("writing {}", file.display()))?,
