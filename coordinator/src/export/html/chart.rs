@@ -113,6 +113,8 @@ impl Chart<'_> {
             .x_desc(self.x_desc)
             .y_desc(self.y_desc)
             .light_line_style(WHITE.mix(0.0))
+            .x_label_formatter(&|v| compact(*v))
+            .y_label_formatter(&|v| compact(*v))
             .draw()
             .map_err(|x| e(&x))?;
         let (ylo, yhi) = {
@@ -178,8 +180,41 @@ impl Chart<'_> {
     }
 }
 
+/// An axis label: "25M", "400k", "12", "0.5" rather than "25000000.0".
+pub fn compact(v: f64) -> String {
+    let a = v.abs();
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if a >= 1e9 {
+        trim(format!("{:.1}", v / 1e9)) + "G"
+    } else if a >= 1e6 {
+        trim(format!("{:.1}", v / 1e6)) + "M"
+    } else if a >= 1e4 {
+        trim(format!("{:.1}", v / 1e3)) + "k"
+    } else if a >= 10.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else {
+        trim(format!("{v:.2}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn axis_labels_are_compact() {
+        assert_eq!(super::compact(25_000_000.0), "25M");
+        assert_eq!(super::compact(400_000.0), "400k");
+        assert_eq!(super::compact(2_500.0), "2500");
+        assert_eq!(super::compact(0.0), "0");
+        assert_eq!(super::compact(0.5), "0.5");
+        assert_eq!(super::compact(1_500_000_000.0), "1.5G");
+    }
+
     use super::*;
 
     #[test]

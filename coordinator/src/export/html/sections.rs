@@ -157,12 +157,54 @@ pub fn volume_heatmap(r: &RunResults, view: Option<&ChokepointView>) -> String {
     suspects.extend(view.map(|v| v.suspects.clone()).unwrap_or_default());
     let h = heatmap::slowdowns(&r.timeline, &suspects);
     let g = heatmap::downsample(&h, HEAT_ROWS, HEAT_COLS);
-    let png = heatmap::png(&g);
+    // Many volumes: the suspects also get a labelled strip of their own above the map, where a
+    // pixel row stands for several volumes.
+    let named = h
+        .rows
+        .iter()
+        .take_while(|n| suspects.contains(n))
+        .count()
+        .min(20);
+    if g.rows > LABELLED_ROWS && named > 0 {
+        let strip = heatmap::Heatmap {
+            rows: h.rows[..named].to_vec(),
+            cells: h.cells[..named].to_vec(),
+            intervals: h.intervals,
+        };
+        s.push_str(&heat_image(
+            "heatmap-suspects",
+            &strip,
+            &heatmap::downsample(&strip, named, HEAT_COLS),
+        ));
+        s.push_str("<p class=\"sub\">The suspects above; every volume below.</p>\n");
+    }
+    s.push_str(&format!(
+        "<figure id=\"heatmap-figure\">{}\
+         <figcaption>Each row {} volume(s), each column {} interval(s) of {} ms; \
+         colour: mean latency over its role's median then \
+         <span class=\"legend\">1x<span style=\"background:#fff;border:1px solid #ccc\"></span> \
+         2x<span style=\"background:#ffd58a\"></span> 2.8x<span style=\"background:#ffaa28\"></span> \
+         8x+<span style=\"background:#780000\"></span> no data<span style=\"background:#c8c8c8\"></span></span>; \
+         a row or column standing for several shows the worst of them. Suspects on top, then by \
+         typical slowdown. Top rows: {}.</figcaption></figure>\n",
+        heat_image("heatmap", &h, &g),
+        g.rows_per_cell,
+        g.intervals_per_cell,
+        r.timeline.interval_ms,
+        esc(&h.rows.iter().take(5).cloned().collect::<Vec<_>>().join(", ")),
+    ));
+    s
+}
+
+/// Up to this many rows, each volume is a labelled 14-pixel band; beyond, a pixel row.
+const LABELLED_ROWS: usize = 64;
+
+fn heat_image(id: &str, h: &heatmap::Heatmap, g: &heatmap::Grid) -> String {
     use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
-    // Few volumes: a readable band each, labelled; many: one pixel row each (or per group).
-    let row_px = if g.rows <= 64 { 14 } else { 1 };
-    let labels = if g.rows <= 64 {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(heatmap::png(g));
+    let labelled = g.rows <= LABELLED_ROWS && g.rows_per_cell == 1;
+    let row_px = if labelled { 14 } else { 1 };
+    let labels = if labelled {
         let names: Vec<String> = h.rows.iter().map(|n| esc(n)).collect();
         format!(
             "<div class=\"labels\" style=\"--row:{row_px}px\">{}</div>",
@@ -171,23 +213,12 @@ pub fn volume_heatmap(r: &RunResults, view: Option<&ChokepointView>) -> String {
     } else {
         String::new()
     };
-    s.push_str(&format!(
-        "<figure id=\"heatmap-figure\"><div class=\"heat\">{labels}<img id=\"heatmap\" alt=\"latency \
-         slowdown of each volume against its role's median, over time\" \
-         style=\"height:{}px\" src=\"data:image/png;base64,{b64}\"></div>\
-         <figcaption>Each row a volume ({} per row), each column {} interval(s) of {} ms; \
-         colour: mean latency over its role's median then \
-         <span class=\"legend\">1x<span style=\"background:#fff;border:1px solid #ccc\"></span> \
-         2x<span style=\"background:#ffd58a\"></span> 2.8x<span style=\"background:#ffaa28\"></span> \
-         8x+<span style=\"background:#780000\"></span> no data<span style=\"background:#c8c8c8\"></span></span>. \
-         Suspects on top, then by typical slowdown. Top rows: {}.</figcaption></figure>\n",
-        g.rows * row_px,
-        g.rows_per_cell,
-        g.intervals_per_cell,
-        r.timeline.interval_ms,
-        esc(&h.rows.iter().take(5).cloned().collect::<Vec<_>>().join(", ")),
-    ));
-    s
+    format!(
+        "<div class=\"heat\">{labels}<img id=\"{id}\" alt=\"latency slowdown of each volume \
+         against its role's median, over time\" style=\"height:{}px\" \
+         src=\"data:image/png;base64,{b64}\"></div>",
+        g.rows * row_px
+    )
 }
 
 /// The chokepoint panel: the named volume against its peers' band, and for a credit model the

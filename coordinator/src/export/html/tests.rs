@@ -130,3 +130,25 @@ fn results_without_a_timeline_or_chokepoint_still_render() {
     assert!(html.contains("No chokepoint analysis"));
     assert!(html.ends_with("</html>\n"));
 }
+
+#[test]
+fn with_many_volumes_the_suspect_gets_a_labelled_strip_above_the_map() {
+    let mut r = quickstart_like();
+    let peer = r.timeline.volumes[0].clone();
+    for n in 5..=200 {
+        r.timeline.volumes.push(VolumeSeries {
+            node: format!("agent-{n}"),
+            ..peer.clone()
+        });
+    }
+    let html = render(&r);
+    let strip = &html[html
+        .find("id=\"heatmap-suspects\"")
+        .expect("the suspects' strip")
+        - 400..];
+    assert!(strip.contains("class=\"labels\""));
+    assert!(strip.contains("agent-3/data"));
+    // The full map is one pixel row per volume, unlabelled.
+    let map = &html[html.find("id=\"heatmap\"").unwrap()..];
+    assert!(map.contains("style=\"height:200px\""), "{}", &map[..200]);
+}
