@@ -51,7 +51,9 @@ pub fn header(r: &RunResults, view: Option<&ChokepointView>) -> String {
 /// Fault windows merged when several volumes had the same fault at the same time (the
 /// quickstart's EBS model is a fault on every volume for the whole run).
 pub fn fault_windows(r: &RunResults) -> Vec<(f64, f64, String)> {
-    let end = r.duration_ms as f64 / 1000.0;
+    // A fault still on at the end lasts to the last interval (the timeline counts the ramp).
+    let last = r.cluster_timeline.last().map_or(0, |p| p.t_ms);
+    let end = r.duration_ms.max(last) as f64 / 1000.0;
     let mut merged: Vec<(u64, Option<u64>, String, usize)> = Vec::new();
     for f in &r.faults {
         match merged
@@ -619,7 +621,10 @@ pub fn volume_table(r: &RunResults) -> String {
                 Cell::text(
                     v.model
                         .as_ref()
-                        .map_or(String::new(), |m| format!("{} {} GiB", m.kind, m.size_gib)),
+                        .map_or(String::new(), |m| match m.size_gib {
+                            s if s > 0.0 => format!("{} {s} GiB", m.kind),
+                            _ => m.kind.clone(),
+                        }),
                 ),
             ];
             row.extend(summary_cells(&v.summary));
