@@ -11,7 +11,7 @@ table{border-collapse:collapse;font-size:.85em;margin:8px 0} th,td{padding:3px 8
 th{background:#f6f6f6;position:sticky;top:0} td:first-child,th:first-child{text-align:left} .txt{text-align:left}
 table.sortable th{cursor:pointer} table.sortable th:after{content:" \2195";color:#aaa}
 figure{margin:8px 0} figcaption{font-size:.85em;color:#555} .scroll{max-height:520px;overflow:auto}
-.heat{display:flex;gap:8px} .heat img{image-rendering:pixelated;width:100%;border:1px solid #ccc}
+.heat{display:flex;gap:8px} .heat img{image-rendering:pixelated;flex:1;min-width:0;border:1px solid #ccc}
 .heat .labels{font-size:11px;line-height:var(--row);white-space:nowrap;text-align:right}
 .legend span{display:inline-block;width:28px;height:10px;margin-left:6px;vertical-align:middle}
 "#;
