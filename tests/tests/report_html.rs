@@ -13,7 +13,7 @@ use lockstep_tests::{bin, output_text, run_plan, scratch, target_dir};
 const PLAN: &str = r#"
 name = "browser"
 ramp = "2s"
-duration = "16s"
+duration = "20s"
 interval = "1s"
 
 [[role]]
@@ -34,11 +34,11 @@ below = "10ms"
 scope = "volume"
 
 # At a fixed time whatever this machine's speed (an emulated credit cliff comes later when a
-# loaded machine gives the volume fewer IOPS): agent-3 is capped at 150 IOPS from t=7s on. The
+# loaded machine gives the volume fewer IOPS): agent-3 is capped at 150 IOPS from t=6s on. The
 # credit-balance chart is tested on the quickstart's results in the exporter's unit tests.
 [[fault]]
 name = "throttle"
-at = "7s"
+at = "6s"
 target = { agents = ["agent-3"], volumes = ["data"] }
 kind = "iops_cap"
 total = 150
@@ -158,6 +158,12 @@ fn the_report_of_a_real_run_opens_in_chromium_with_its_charts_and_no_console_err
     );
     assert!(opened.console.is_empty(), "console: {:#?}", opened.console);
     let dom = &opened.dom;
+    // The finder must have named agent-3 for the chokepoint panel to draw it.
+    let text = std::fs::read_to_string(run.join("report.txt")).unwrap_or_default();
+    assert!(
+        dom.contains("id=\"chart-suspect-iops\""),
+        "no volume verdict, so no chokepoint panel; the text report:\n{text}"
+    );
     // The sorter ran on every table (a script error would have stopped it).
     for table in [
         "volumes-table",
