@@ -296,7 +296,9 @@ fn compare_names_a_real_regression_beyond_the_noise_and_its_page_opens_in_chromi
         assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
     }
 
-    // 5 ms on agent-2: its volume's latency is a regression far beyond the noise, and CI fails.
+    // 5 ms on agent-2: its volume's and node's IOPS and p50 are regressions far beyond the noise,
+    // and CI fails. (Not p99: on a loaded machine the baseline's own p99 swings by 200% from
+    // interval to interval, and the noise test rightly calls less than that within noise.)
     let page = runs[1].0.path().join("compare.html");
     let o = Command::new(bin("lockstep"))
         .arg("compare")
@@ -326,7 +328,7 @@ fn compare_names_a_real_regression_beyond_the_noise_and_its_page_opens_in_chromi
         "{text}"
     );
     assert!(
-        row("node", "agent-2", "p99").ends_with("REGRESSION"),
+        row("node", "agent-2", "p50").ends_with("REGRESSION"),
         "{text}"
     );
     assert!(
