@@ -86,11 +86,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What changed between runs: per role, node and volume, IOPS, MB/s and p50/p99/p99.9 of
+    /// each, the change, and whether it is beyond the runs' interval-to-interval noise. The
+    /// first run is the baseline.
+    Compare {
+        #[arg(required = true, num_args = 2.., value_name = "RUN_DIR")]
+        runs: Vec<PathBuf>,
+        /// Also write the comparison as an HTML page.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Exit 1 when a figure got worse by more than PCT percent, beyond the noise.
+        #[arg(long, value_name = "PCT")]
+        fail_on_regression: Option<f64>,
+    },
     /// Re-render a finished run from its results directory.
     Report {
         dir: PathBuf,
         #[arg(long)]
         json: bool,
+        /// The HTML report (charts, heatmap, sortable tables): to FILE, or to stdout without one.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, conflicts_with = "json")]
+        html: Option<Option<PathBuf>>,
     },
 }
 
@@ -222,7 +238,12 @@ fn main() -> ExitCode {
         Command::Run { run, tls } => tls
             .apply()
             .and_then(|()| cli::run_command(run.into_request())),
-        Command::Report { dir, json } => cli::report_command(&dir, json),
+        Command::Compare {
+            runs,
+            html,
+            fail_on_regression,
+        } => lockstep::app::compare::compare_command(&runs, html.as_deref(), fail_on_regression),
+        Command::Report { dir, json, html } => cli::report_command(&dir, json, html),
         Command::Agents {
             etcd,
             etcd_prefix,

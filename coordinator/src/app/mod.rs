@@ -6,6 +6,7 @@
 //! `report`: re-renders a finished run from its directory.
 
 pub mod certs;
+pub mod compare;
 mod curve;
 pub mod live;
 mod series;
@@ -539,10 +540,35 @@ pub fn interrupted_code() -> u8 {
     crate::orchestrate::signals::received().map_or(EXIT_INTERRUPTED, |s| s.exit_code())
 }
 
-/// `lockstep report DIR`: re-renders a finished run.
-pub fn report_command(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
-    if json {
+/// `lockstep report DIR`: re-renders a finished run. `html`: `Some(None)` prints report.html,
+/// `Some(Some(FILE))` writes it to FILE.
+pub fn report_command(
+    dir: &Path,
+    json: bool,
+    html: Option<Option<PathBuf>>,
+) -> anyhow::Result<ExitCode> {
+    let mut r = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
+    if let Some(to) = html {
+        export::read_timeline(dir, &mut r).map_err(anyhow::Error::msg)?;
+        // A long run (thousands of volumes x hours) takes a while: say what is going on.
+        let started = std::time::Instant::now();
+        eprintln!(
+            "lockstep: rendering report.html ({} volumes x {} intervals)",
+            r.timeline.volumes.len(),
+            r.cluster_timeline.len()
+        );
+        let page = export::html::render(&r);
+        eprintln!(
+            "lockstep: report.html rendered in {:.1} s ({:.1} MB)",
+            started.elapsed().as_secs_f64(),
+            page.len() as f64 / 1e6
+        );
+        match to {
+            Some(file) => export::write_atomically(&file, page.as_bytes())
+                .with_context(|| format!("writing {}", file.display()))?,
+            None => print!("{page}"),
+        }
+    } else if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print!("{}", export::text::render(&r));

@@ -9,6 +9,7 @@
 
 pub mod csv;
 pub mod fio;
+pub mod html;
 pub mod metrics;
 pub mod text;
 
@@ -41,6 +42,8 @@ pub struct TimelineJson;
 pub struct TimelineCsv;
 /// `fio.json`: fio's client/server JSON, from the agents' final reports.
 pub struct FioJson;
+/// `report.html`: the report people look at, one self-contained page (docs/report.md).
+pub struct HtmlReport;
 
 impl Exporter for TextReport {
     fn file_name(&self) -> &'static str {
@@ -78,6 +81,15 @@ impl Exporter for TimelineCsv {
     }
 }
 
+impl Exporter for HtmlReport {
+    fn file_name(&self) -> &'static str {
+        "report.html"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        Ok(html::render(r).into_bytes())
+    }
+}
+
 impl Exporter for FioJson {
     fn file_name(&self) -> &'static str {
         "fio.json"
@@ -89,8 +101,9 @@ impl Exporter for FioJson {
 
 /// The files of a single run's results directory (intervals.hlog is written by the run as the
 /// intervals arrive).
-pub const RUN_DIR: [&dyn Exporter; 5] = [
+pub const RUN_DIR: [&dyn Exporter; 6] = [
     &TextReport,
+    &HtmlReport,
     &ResultsJson,
     &TimelineJson,
     &TimelineCsv,
@@ -151,6 +164,21 @@ pub fn check_writable(dir: &Path) -> std::io::Result<()> {
         .create_new(true)
         .open(&probe)?;
     std::fs::remove_file(&probe)
+}
+
+/// Reads a run directory's timeline.json back into `results.timeline` (the per-volume series
+/// report.html's heatmap and chokepoint panel draw); a directory without one keeps it empty.
+pub fn read_timeline(dir: &Path, results: &mut RunResults) -> Result<(), String> {
+    let path = dir.join("timeline.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            results.timeline = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: not a lockstep timeline: {e}", path.display()))?;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 /// Reads a finished run's results.json.
