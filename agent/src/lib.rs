@@ -26,22 +26,20 @@
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
+// Shared with the coordinator, in `lockstep-core` (`core/src/`); re-exported at their old paths.
+pub use lockstep_core::{confine, job, jobfile, limits, registry, report, stats, units};
+
 pub mod budget;
-pub mod confine;
 pub mod daemon;
 pub mod engine;
 pub mod fault;
-pub mod job;
-pub mod jobfile;
 pub mod layout;
-pub mod limits;
 pub mod progress;
 pub mod rate;
-pub mod registry;
-pub mod report;
 pub mod runner;
 pub mod standalone;
-pub mod stats;
-pub mod units;
 pub mod verify;
 pub mod workload;
+
+#[cfg(test)]
+mod jobfile_fuzz;

@@ -55,7 +55,7 @@ enum Command {
         )]
         etcd: Option<String>,
         /// The registry's key prefix in etcd.
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         #[command(flatten)]
         tls: TlsArgs,
@@ -65,7 +65,7 @@ enum Command {
     Coordinator {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         /// This coordinator's name (default: the hostname).
         #[arg(long)]
@@ -87,7 +87,7 @@ enum Command {
         plan: PathBuf,
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         /// Wait for the run to end; exit 0 completed, 1 partial or aborted, 2 failed.
         #[arg(long)]
@@ -97,7 +97,7 @@ enum Command {
     Runs {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         #[arg(long)]
         json: bool,
@@ -118,7 +118,7 @@ enum Command {
     Agents {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         #[arg(long)]
         json: bool,
@@ -147,7 +147,7 @@ struct TlsArgs {
 
 impl TlsArgs {
     fn apply(self) -> anyhow::Result<()> {
-        use lockstep_agent::daemon::tls::TlsFiles;
+        use lockstep_core::tls::TlsFiles;
         if let Some(files) = TlsFiles::from_flags(self.tls_cert, self.tls_key, self.tls_ca)? {
             lockstep::orchestrate::client::use_tls(&files)?;
         }
@@ -234,9 +234,9 @@ fn main() -> ExitCode {
         } => tls.apply().and_then(|()| {
             lockstep::service::leader::coordinator_command(
                 lockstep::service::leader::CoordinatorOptions {
-                    endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
+                    endpoints: lockstep_core::registry::parse_endpoints(&etcd),
                     prefix: etcd_prefix,
-                    name: name.unwrap_or_else(lockstep_agent::daemon::hostname),
+                    name: name.unwrap_or_else(lockstep_core::host::hostname),
                     runs_dir,
                     leader_ttl,
                     token,
@@ -249,7 +249,7 @@ fn main() -> ExitCode {
             etcd_prefix,
             wait,
         } => lockstep::service::leader::submit_command(
-            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &lockstep_core::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             &plan,
             wait,
@@ -259,7 +259,7 @@ fn main() -> ExitCode {
             etcd_prefix,
             json,
         } => lockstep::service::leader::runs_command(
-            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &lockstep_core::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             json,
         ),

@@ -13,7 +13,7 @@ pub mod agent_faults;
 pub mod aggregate;
 pub mod metrics;
 pub mod notify;
-pub mod tls;
+pub use lockstep_core::tls;
 pub mod volume;
 
 use std::collections::BTreeMap;
@@ -24,9 +24,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
-    AbortReply, AbortRequest, AttachRequest, Capabilities, ClockProbeReply, ClockProbeRequest,
-    DirTotals, FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest,
-    RunEvent, StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
+    AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, DirTotals,
+    FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest, RunEvent,
+    StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -58,16 +58,7 @@ pub struct DaemonConfig {
     pub allow_exec: bool,
 }
 
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub use lockstep_core::host::hostname;
 
 /// Events of one run, delivered to whoever is attached and kept, so a coordinator that
 /// re-attaches (or a standby that takes over) misses nothing: each event carries a sequence
@@ -1343,30 +1334,6 @@ fn advertised(opts: &ServeOptions, bound: std::net::SocketAddr) -> String {
         Some(a) => a.clone(),
         None if bound.ip().is_unspecified() => format!("{}:{}", hostname(), bound.port()),
         None => bound.to_string(),
-    }
-}
-
-impl From<crate::registry::RegisteredVolume> for Volume {
-    fn from(v: crate::registry::RegisteredVolume) -> Self {
-        Volume {
-            name: v.name,
-            path: v.path,
-            size_bytes: v.size_bytes,
-            kind: v.kind,
-            provisioned_iops: v.provisioned_iops,
-            provisioned_mib_s: v.provisioned_mib_s,
-        }
-    }
-}
-
-impl From<crate::registry::RegisteredCapabilities> for Capabilities {
-    fn from(c: crate::registry::RegisteredCapabilities) -> Self {
-        Capabilities {
-            io_uring: c.io_uring,
-            engines: c.engines,
-            exec_allowed: c.exec_allowed,
-            block_devices_allowed: c.block_devices_allowed,
-        }
     }
 }
 

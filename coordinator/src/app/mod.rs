@@ -151,7 +151,7 @@ async fn discover(
 fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
     for f in &a.faults {
         let json = f.fault.wire_json();
-        let spec: lockstep_agent::fault::FaultSpec = serde_json::from_str(&json).map_err(|e| {
+        let spec: lockstep_core::fault::FaultSpec = serde_json::from_str(&json).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}: {}: {e}",
                 plan.origin.display(),
@@ -159,7 +159,7 @@ fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
                 f.fault.label
             )
         })?;
-        lockstep_agent::fault::validate_all(std::slice::from_ref(&spec)).map_err(|e| {
+        lockstep_core::fault::validate_all(std::slice::from_ref(&spec)).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}: {}: {e}",
                 plan.origin.display(),
@@ -322,12 +322,12 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
             .unwrap_or_default()
     };
     let lat_value = |s: &crate::results::Summary,
-                     dir: Option<lockstep_agent::job::Direction>,
+                     dir: Option<lockstep_core::job::Direction>,
                      m: Metric|
      -> Option<f64> {
         let d = match dir {
-            Some(lockstep_agent::job::Direction::Read) => &s.read,
-            Some(lockstep_agent::job::Direction::Write) => &s.write,
+            Some(lockstep_core::job::Direction::Read) => &s.read,
+            Some(lockstep_core::job::Direction::Write) => &s.write,
             None => &s.total,
         };
         if d.ios == 0 {
@@ -354,7 +354,7 @@ pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResul
     };
     let min_rate = |vols: &[&crate::results::timeline::VolumeSeries],
                     bytes: bool,
-                    dir: Option<lockstep_agent::job::Direction>|
+                    dir: Option<lockstep_core::job::Direction>|
      -> Option<f64> {
         let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
         for v in vols {
@@ -489,7 +489,7 @@ async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Resul
         (infos, token)
     } else if let Some(etcd) = &args.etcd {
         // Live agents from the registry; the plan's [[agent]] list is not used.
-        let endpoints = lockstep_agent::registry::parse_endpoints(etcd);
+        let endpoints = lockstep_core::registry::parse_endpoints(etcd);
         (
             crate::orchestrate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?,
             args.token.clone(),
@@ -572,7 +572,7 @@ pub(crate) async fn run_resolved(
             "lockstep: metrics on http://{}/metrics",
             listener.local_addr()?
         );
-        tokio::spawn(lockstep_agent::daemon::metrics::serve(listener, m));
+        tokio::spawn(lockstep_core::metrics::serve(listener, m));
     }
     let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
     live.finish();

@@ -18,7 +18,7 @@ use crate::results::RunResults;
 
 /// Writes `bytes` to `path` via a temporary file in the same directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    lockstep_agent::standalone::write_atomically(path, bytes)
+    lockstep_core::atomic_file::write_atomically(path, bytes)
 }
 
 /// results.json, timeline.json, timeline.csv and report.txt (fio.json and intervals.hlog are

@@ -28,9 +28,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lockstep_agent::fault::FaultSpec;
-use lockstep_agent::job::Direction;
-use lockstep_agent::limits::{self, MAX_TEXT_FILE, TextFileError};
+use lockstep_core::fault::FaultSpec;
+use lockstep_core::job::Direction;
+use lockstep_core::limits::{self, MAX_TEXT_FILE, TextFileError};
 use toml::Spanned;
 
 pub use duration::{check_whole_millis, format_duration, parse_duration};
@@ -290,10 +290,10 @@ fn jobs_at(
     workload: &Workload,
     over: SweepOver,
     value: u32,
-) -> Result<Vec<lockstep_agent::job::JobSpec>, String> {
+) -> Result<Vec<lockstep_core::job::JobSpec>, String> {
     let w = with_depth(workload, over, value);
     let overrides: Vec<(String, String)> = w.overrides.into_iter().collect();
-    lockstep_agent::jobfile::parse_str(&w.job_text, Path::new("(sweep)"), None, &overrides)
+    lockstep_core::jobfile::parse_str(&w.job_text, Path::new("(sweep)"), None, &overrides)
         .map_err(|e| e.to_string())
 }
 

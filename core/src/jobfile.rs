@@ -179,8 +179,9 @@ pub fn parse_str(
     })
 }
 
-/// `parse_str` with the environment given, so tests need not mutate the process environment.
-fn parse_with_env(
+/// `parse_str` with the environment given, so tests need not mutate the process environment
+/// (public for the agent's fuzz test, `agent/src/jobfile_fuzz.rs`).
+pub fn parse_with_env(
     text: &str,
     origin: &Path,
     include_base: Option<&Path>,
@@ -708,7 +709,7 @@ fn apply_option(
 }
 
 /// Options lockstep implements, by fio name. Aliases are in `canonical`.
-const SUPPORTED: &[&str] = &[
+pub const SUPPORTED: &[&str] = &[
     "name",
     "description",
     "filename",
@@ -761,11 +762,11 @@ const SUPPORTED: &[&str] = &[
 
 /// lockstep's own options (not fio's): `stuck_timeout` lists IOs slower than it (fio issue
 /// #2012 proposes the same name).
-const LOCKSTEP_ONLY: &[&str] = &["stuck_timeout"];
+pub const LOCKSTEP_ONLY: &[&str] = &["stuck_timeout"];
 
 /// Options accepted and ignored because they do not change the IO issued or what is measured
 /// (each is justified in docs/fio-compatibility.md). Their values are still checked.
-const ADVISORY: &[&str] = &[
+pub const ADVISORY: &[&str] = &[
     "clocksource",
     "thread",
     "fadvise_hint",
@@ -775,7 +776,7 @@ const ADVISORY: &[&str] = &[
 ];
 
 /// fio's other spellings of supported options.
-const ALIASES: &[(&str, &str)] = &[
+pub const ALIASES: &[(&str, &str)] = &[
     ("readwrite", "rw"),
     ("blocksize", "bs"),
     ("io_limit", "io_size"),
@@ -789,7 +790,7 @@ const ALIASES: &[(&str, &str)] = &[
 /// (`fio --cmdhelp=all`, `fio --enghelp=io_uring`): one of these that we do not implement is
 /// "not supported", anything else is "unknown".
 #[rustfmt::skip]
-const FIO_OPTIONS: &[&str] = &[
+pub const FIO_OPTIONS: &[&str] = &[
     "allow_file_create", "allow_mounted_write", "allrandrepeat", "atomic", "ba",
     "block_error_percentiles", "blockalign", "blocksize", "blocksize_range", "blocksize_unaligned",
     "bs", "bs_unaligned", "bsrange", "bssplit", "buffer_compress_chunk",
@@ -1446,9 +1447,6 @@ fn apply(
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod fuzz;
 
 #[cfg(test)]
 mod tests {
@@ -2314,7 +2312,7 @@ mod tests {
 
     #[test]
     fn seed_job_files_parse() {
-        let read = parse_file(&repo("tests/jobs/hadoop-randread.fio"), &[]).unwrap();
+        let read = parse_file(&repo("../agent/tests/jobs/hadoop-randread.fio"), &[]).unwrap();
         assert_eq!(read.len(), 1);
         let j = &read[0];
         assert_eq!(j.name, "Read-Test-1");
@@ -2327,7 +2325,7 @@ mod tests {
         assert!(j.direct && j.invalidate && !j.randrepeat);
         assert_eq!(j.runtime, None);
 
-        let write = parse_file(&repo("tests/jobs/hadoop-randwrite.fio"), &[]).unwrap();
+        let write = parse_file(&repo("../agent/tests/jobs/hadoop-randwrite.fio"), &[]).unwrap();
         assert_eq!(write[0].name, "Write-Test-1");
         assert_eq!(write[0].pattern, Pattern::RandWrite);
         assert_eq!(write[0].size, Some(Extent::Bytes(500 << 30)));
