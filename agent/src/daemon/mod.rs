@@ -445,17 +445,7 @@ impl AgentService {
         for job in &mut jobs {
             vol.confine(job).map_err(|e| e.to_string())?;
         }
-        let faults = work
-            .faults_json
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let spec: FaultSpec = serde_json::from_str(f)
-                    .map_err(|e| format!("volume '{}': fault {}: {e}", work.volume, i + 1))?;
-                Ok(spec)
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        crate::fault::validate_all(&faults)
+        let faults = crate::fault::wire::from_wire(&work.faults)
             .map_err(|e| format!("volume '{}': {e}", work.volume))?;
         for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
             agent_faults::check(f, cfg.allow_exec)
@@ -1517,7 +1507,7 @@ mod tests {
                     role: "w".into(),
                     jobfile: jobfile.clone(),
                     overrides: Default::default(),
-                    faults_json: Vec::new(),
+                    faults: Vec::new(),
                 })
                 .collect(),
             interval_ms: 1000,
@@ -1726,7 +1716,7 @@ mod tests {
                     role: "r".into(),
                     jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".into(),
                     overrides: Default::default(),
-                    faults_json: Vec::new(),
+                    faults: Vec::new(),
                 }],
                 interval_ms: 100,
                 keep_files: false,

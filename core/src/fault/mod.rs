@@ -57,6 +57,8 @@ pub mod bucket;
 pub mod ebs;
 /// `FaultSpec`, the serialized schedule entry, and its validation.
 pub mod spec;
+/// `FaultSpec` to and from the protocol's typed `Fault` message, validated on receipt.
+pub mod wire;
 
 pub use bucket::{CapGate, CapUnit, TokenBucket};
 pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
