@@ -1189,16 +1189,40 @@ fn seconds(value: Option<&str>) -> Result<Duration, Problem> {
     Ok(units::parse_time(need(value)?, TimeUnit::Seconds)?)
 }
 
-/// Applies one option to `job`. `in_global` is true inside `[global]`.
+/// Applies one option to `job`. `in_global` is true inside `[global]`. The options are
+/// grouped by what they say about a job, one function per group; each says whether the key
+/// was one of its own.
 fn apply(
     job: &mut Builder,
     key: &str,
     value: Option<&str>,
     in_global: bool,
 ) -> Result<(), Problem> {
+    let key = canonical(key);
+    let known = apply_target(job, key, value, in_global)?
+        || apply_io_shape(job, key, value)?
+        || apply_pacing(job, key, value)?
+        || apply_checks_and_reports(job, key, value)?
+        || check_advisory(key, value)?;
+    if known {
+        Ok(())
+    } else if FIO_OPTIONS.contains(&key) {
+        Err(Problem::Unsupported(refusal_hint(key)))
+    } else {
+        Err(Problem::Unknown(suggest(key)))
+    }
+}
+
+/// Where a job's IO goes: its name, files, directories and sizes.
+fn apply_target(
+    job: &mut Builder,
+    key: &str,
+    value: Option<&str>,
+    in_global: bool,
+) -> Result<bool, Problem> {
     let kb = job.kb;
     let spec = &mut job.spec;
-    match canonical(key) {
+    match key {
         "name" => {
             if in_global {
                 return Err(Problem::Invalid(
@@ -1251,6 +1275,16 @@ fn apply(
                 extent => extent,
             };
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What the IO looks like: engine, pattern, mix, block sizes, queue depth, jobs, direct IO.
+fn apply_io_shape(job: &mut Builder, key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         "ioengine" => {
             spec.engine = one_of(
                 need(value)?,
@@ -1330,6 +1364,16 @@ fn apply(
         "numjobs" => spec.numjobs = count_u32(value, kb, 1)?,
         "direct" => spec.direct = boolean(value)?,
         "buffered" => spec.direct = !boolean(value)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// When and how fast: runtime, ramp, delays, random seeds and distribution, rates, think time.
+fn apply_pacing(job: &mut Builder, key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         // runtime=0 is fio's default: no time limit.
         "runtime" => spec.runtime = Some(seconds(value)?).filter(|d| !d.is_zero()),
         "time_based" => spec.time_based = boolean(value)?,
@@ -1370,6 +1414,20 @@ fn apply(
             spec.thinktime = units::parse_time(need(value)?, TimeUnit::Microseconds)?;
         }
         "thinktime_blocks" => spec.thinktime_blocks = count_u32(value, kb, 1)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Syncs, verification, error policy, stuck IOs, reporting, file handling and `kb_base`.
+fn apply_checks_and_reports(
+    job: &mut Builder,
+    key: &str,
+    value: Option<&str>,
+) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         "fsync" => spec.fsync = count_u32(value, kb, 0)?,
         "fdatasync" => spec.fdatasync = count_u32(value, kb, 0)?,
         "end_fsync" => spec.end_fsync = boolean(value)?,
@@ -1415,6 +1473,14 @@ fn apply(
                 "kb_base",
             )?;
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Advisory options: checked, then ignored (see docs/fio-compatibility.md).
+fn check_advisory(key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    match key {
         // Advisory: checked, then ignored (see docs/fio-compatibility.md).
         "clocksource" => {
             one_of(
@@ -1440,12 +1506,9 @@ fn apply(
                 "random_generator",
             )?;
         }
-        other if FIO_OPTIONS.contains(&other) => {
-            return Err(Problem::Unsupported(refusal_hint(other)));
-        }
-        other => return Err(Problem::Unknown(suggest(other))),
+        _ => return Ok(false),
     }
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
