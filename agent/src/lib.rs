@@ -1,6 +1,8 @@
 //! lockstep-agent: runs fio-equivalent workloads on the volumes of one node.
 //!
-//! Map of the crate, one module per concept:
+//! Map of the crate, one module per concept. The job model, job files, limits, stats, reports,
+//! `confine` and `registry` are shared with the coordinator and live in `lockstep-core`
+//! (`core/src/`); they are re-exported here at their old paths.
 //! - `job`: a job's options, typed, with fio's meanings and defaults (the contract between parts);
 //! - `units`: fio's number syntax (`4k`, `1g`, `10%`, `30s`);
 //! - `jobfile`: fio job files (INI, `[global]`, `include`, `${ENV}`) into `JobSpec`s, with errors
