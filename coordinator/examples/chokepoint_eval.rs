@@ -24,8 +24,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use lockstep::analysis::chokepoint::{
-    AnalysisOptions, ChokepointReport, ConfidenceLevel, Verdict, analyze, render_text,
+    AnalysisOptions, ChokepointReport, ConfidenceLevel, Verdict, analyze,
 };
+use lockstep::export::text::chokepoint::render_text;
 use lockstep::scenario::{
     self, Expected, LoadMode, Scenario, ScenarioKind, ScenarioRng, ScenarioSpec, SensitivitySpec,
     StudyEffect,

@@ -131,6 +131,7 @@ fn main() {
         volumes: fin.volumes,
         cluster_timeline: fin.cluster_timeline,
         timeline: merger.timeline(),
+        finals: Vec::new(),
         objectives: vec![],
         chokepoint: None,
         faults: vec![],
@@ -142,7 +143,7 @@ fn main() {
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();
-    lockstep::export::write_run_dir(dir.path(), &results).unwrap();
+    lockstep::export::write_run_dir(dir.path(), &results, &lockstep::export::RUN_DIR).unwrap();
     let write_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let loaded = lockstep::export::read_run_dir(dir.path()).unwrap();

@@ -2,7 +2,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lockstep::app::{self as cli, RunArgs};
+use lockstep::app::{self as cli, AgentSource, RunRequest, RunSettings};
+use lockstep::orchestrate::local::LocalShape;
 
 /// lockstep: one storage benchmark across a whole cluster, started in lockstep, with the
 /// volume that holds the cluster back named.
@@ -17,46 +18,8 @@ struct Cli {
 enum Command {
     /// Run a plan on agents (with --local N: N agents on this machine, no infrastructure).
     Run {
-        plan: PathBuf,
-        /// Start N agents on this machine, each on its own directory.
-        #[arg(long, value_name = "N")]
-        local: Option<usize>,
-        /// With --local: start the agents with --allow-exec, so the plan's exec faults may run
-        /// commands on this machine.
-        #[arg(long, requires = "local")]
-        allow_exec: bool,
-        /// Results directory (default: a new one under ./lockstep-runs/).
-        #[arg(long)]
-        output: Option<PathBuf>,
-        /// An agent by address, in addition to the plan's [[agent]] list.
-        #[arg(long = "agent", value_name = "NAME=HOST:PORT", value_parser = parse_agent)]
-        agents: Vec<(String, String)>,
-        /// Token the agents require (or LOCKSTEP_TOKEN).
-        #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// Print results.json instead of the text report.
-        #[arg(long)]
-        json: bool,
-        /// Keep the files the agents created.
-        #[arg(long)]
-        keep_files: bool,
-        /// Exit non-zero when a chokepoint (a volume or node) is found.
-        #[arg(long)]
-        fail_on_chokepoint: bool,
-        /// Serve Prometheus metrics of the run at http://ADDR/metrics.
-        #[arg(long, value_name = "ADDR")]
-        metrics_listen: Option<String>,
-        /// Take the agents from the etcd registry (plans select them by label).
-        #[arg(
-            long,
-            env = "LOCKSTEP_ETCD",
-            value_name = "URL[,URL...]",
-            conflicts_with = "local"
-        )]
-        etcd: Option<String>,
-        /// The registry's key prefix in etcd.
-        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
-        etcd_prefix: String,
+        #[command(flatten)]
+        run: RunCli,
         #[command(flatten)]
         tls: TlsArgs,
     },
@@ -131,6 +94,80 @@ enum Command {
     },
 }
 
+/// `lockstep run`'s arguments; [`RunCli::into_request`] is all the CLI does with them.
+#[derive(clap::Args)]
+struct RunCli {
+    plan: PathBuf,
+    /// Start N agents on this machine, each on its own directory ("data"); NxM: N agents of M
+    /// volumes each ("data1" .. "dataM", like a datanode's disks).
+    #[arg(long, value_name = "N[xM]")]
+    local: Option<LocalShape>,
+    /// With --local: start the agents with --allow-exec, so the plan's exec faults may run
+    /// commands on this machine.
+    #[arg(long, requires = "local")]
+    allow_exec: bool,
+    /// Results directory (default: a new one under ./lockstep-runs/).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// An agent by address, in addition to the plan's [[agent]] list.
+    #[arg(long = "agent", value_name = "NAME=HOST:PORT", value_parser = parse_agent)]
+    agents: Vec<(String, String)>,
+    /// Token the agents require (or LOCKSTEP_TOKEN).
+    #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print results.json instead of the text report.
+    #[arg(long)]
+    json: bool,
+    /// Keep the files the agents created.
+    #[arg(long)]
+    keep_files: bool,
+    /// Exit non-zero when a chokepoint (a volume or node) is found.
+    #[arg(long)]
+    fail_on_chokepoint: bool,
+    /// Serve Prometheus metrics of the run at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// Take the agents from the etcd registry (plans select them by label).
+    #[arg(
+        long,
+        env = "LOCKSTEP_ETCD",
+        value_name = "URL[,URL...]",
+        conflicts_with = "local"
+    )]
+    etcd: Option<String>,
+    /// The registry's key prefix in etcd.
+    #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
+    etcd_prefix: String,
+}
+
+impl RunCli {
+    fn into_request(self) -> RunRequest {
+        let agents = match (self.local, self.etcd) {
+            (Some(shape), _) => AgentSource::Local {
+                shape,
+                allow_exec: self.allow_exec,
+            },
+            (None, Some(etcd)) => AgentSource::Registry {
+                endpoints: lockstep_core::registry::parse_endpoints(&etcd),
+                prefix: self.etcd_prefix,
+            },
+            (None, None) => AgentSource::Listed(self.agents),
+        };
+        RunRequest {
+            plan: self.plan,
+            agents,
+            output: self.output,
+            settings: RunSettings {
+                token: self.token,
+                json: self.json,
+                keep_files: self.keep_files,
+                fail_on_chokepoint: self.fail_on_chokepoint,
+                metrics_listen: self.metrics_listen,
+            },
+        }
+    }
+}
+
 /// Mutual TLS to the agents: all three files or none.
 #[derive(clap::Args)]
 struct TlsArgs {
@@ -182,36 +219,9 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
-        Command::Run {
-            plan,
-            local,
-            allow_exec,
-            output,
-            agents,
-            token,
-            json,
-            keep_files,
-            fail_on_chokepoint,
-            metrics_listen,
-            etcd,
-            etcd_prefix,
-            tls,
-        } => tls.apply().and_then(|()| {
-            cli::run_command(RunArgs {
-                plan,
-                local,
-                allow_exec,
-                output,
-                agents,
-                token,
-                json,
-                keep_files,
-                fail_on_chokepoint,
-                metrics_listen,
-                etcd,
-                etcd_prefix,
-            })
-        }),
+        Command::Run { run, tls } => tls
+            .apply()
+            .and_then(|()| cli::run_command(run.into_request())),
         Command::Report { dir, json } => cli::report_command(&dir, json),
         Command::Agents {
             etcd,

@@ -458,284 +458,390 @@ struct VolSim {
 pub fn generate(spec: &ScenarioSpec, rng: &mut ScenarioRng) -> Scenario {
     let kind = spec.kind;
     let n = spec.intervals.max(2);
-    let dt = spec.interval_ms as f64 / 1000.0;
     let closed = spec.mode == LoadMode::ClosedLoop;
     let roles_n = spec.roles.clamp(1, spec.volumes_per_node.clamp(1, 3));
     // A credit cliff needs EBS peers (gp3 at 3,000 IOPS: the same ceiling the gp2 volume bursts
     // to); otherwise EBS or local devices at random.
     let ebs = kind == ScenarioKind::CreditCliff || rng.chance(0.5);
-    let mut roles: Vec<RoleSim> = (0..roles_n)
+    let roles: Vec<RoleSim> = (0..roles_n)
         .map(|i| role_sim(i, closed, ebs, rng))
         .collect();
 
     // Noise of this run.
     let sigma = rng.range(0.04, 0.15);
-    let phi = 0.6;
     let (p_burst, p_gc) = if kind == ScenarioKind::HarmlessBursts {
         (rng.range(0.003, 0.01), rng.range(0.02, 0.05))
     } else {
         (rng.range(0.0005, 0.003), rng.range(0.002, 0.01))
     };
-    let p_blip = 0.002;
-
-    let nodes = spec.nodes.max(1);
-    let m = spec.volumes_per_node.max(1);
-    let mut vols: Vec<VolSim> = Vec::with_capacity(nodes * m);
-    let mut series: Vec<VolumeSeries> = Vec::with_capacity(nodes * m);
-    for node in 0..nodes {
-        for j in 0..m {
-            let r = j % roles_n;
-            let role = &roles[r];
-            vols.push(VolSim {
-                role: r,
-                h: rng.lognormal(0.08).clamp(0.8, 1.25),
-                ar: sigma * rng.normal(),
-                burst_left: 0,
-                burst_factor: 1.0,
-                cooldown: 0,
-                effect: Effect::default(),
-                credit: None,
-            });
-            series.push(VolumeSeries {
-                node: format!("worker-{}", node + 1),
-                volume: format!("/{}{}", role.name, j / roles_n),
-                role: role.name.to_string(),
-                model: role.model.clone(),
-                configured_depth: if closed { role.depth as u32 } else { 0 },
-                target_iops: (!closed).then_some(role.target),
-                lost_at_ms: None,
-                points: Vec::with_capacity(n),
-            });
-        }
-    }
-
-    // The effect and its label.
-    let mid_onset = |rng: &mut ScenarioRng| rng.int(n / 5, n * 7 / 10);
-    let onset = |rng: &mut ScenarioRng| if rng.chance(0.25) { 0 } else { mid_onset(rng) };
-    let end_of = |rng: &mut ScenarioRng, from: usize| {
-        if rng.chance(0.3) {
-            (from + rng.int(60, 200)).min(n)
-        } else {
-            n
-        }
-    };
-    let culprit = rng.int(0, vols.len() - 1);
-    let mut expected = Expected::None;
-    let mut onset_interval = None;
-    let mut severity = 0.0;
-    let mut time_scales = Vec::new();
-    let mut faults = Vec::new();
-    let fault = |v: usize, what: &str, from: usize, to: usize, s: &[VolumeSeries]| FaultWindow {
-        node: s[v].node.clone(),
-        volume: s[v].volume.clone(),
-        fault: what.into(),
-        start_ms: from as u64 * spec.interval_ms,
-        end_ms: (to < n).then(|| to as u64 * spec.interval_ms),
-        detail: None,
-    };
-    let volume_label = |v: usize, kind: ChokepointKind, s: &[VolumeSeries]| Expected::Volume {
-        node: s[v].node.clone(),
-        volume: s[v].volume.clone(),
-        kind,
-    };
-    match kind {
-        ScenarioKind::Clean | ScenarioKind::HarmlessBursts => {}
-        ScenarioKind::Throttle => {
-            let from = onset(rng);
-            let to = end_of(rng, from);
-            let u = rng.range(0.05, 0.45);
-            let nominal = roles[vols[culprit].role].nominal(vols[culprit].h);
-            vols[culprit].effect = Effect {
-                from,
-                to,
-                cap: u * nominal,
-                ..Default::default()
-            };
-            // A throttle after a fine period on a volume that might have credits is
-            // indistinguishable from credits running out; the label keeps it honest by giving
-            // a mid-run throttle a known, credit-less model.
-            if from > 0
-                && series[culprit]
-                    .model
-                    .as_ref()
-                    .is_none_or(|m| m.kind.is_empty())
-            {
-                series[culprit].model = Some(VolumeModel {
-                    kind: "io2".into(),
-                    size_gib: 200.0,
-                    provisioned_iops: Some((u * nominal) as u64),
-                    ..Default::default()
-                });
-            }
-            faults.push(fault(culprit, "iops_cap", from, to, &series));
-            expected = volume_label(culprit, ChokepointKind::Throttled, &series);
-            onset_interval = Some(from);
-            severity = u;
-        }
-        ScenarioKind::CreditCliff => {
-            let r = vols[culprit].role;
-            // Enough demand that a small gp2 volume's baseline is well below it.
-            if roles[r].nominal(vols[culprit].h) < 1000.0 {
-                if closed {
-                    roles[r].depth = 8.0;
-                    roles[r].lat_us = roles[r].lat_us.min(2000.0);
-                } else {
-                    roles[r].target = roles[r].target.max(rng.range(1000.0, 2400.0)).round();
-                }
-                for s in series.iter_mut().filter(|s| s.role == roles[r].name) {
-                    s.configured_depth = if closed { roles[r].depth as u32 } else { 0 };
-                    s.target_iops = (!closed).then_some(roles[r].target);
-                }
-            }
-            let demand = roles[r].nominal(vols[culprit].h).min(GP2_BURST_IOPS);
-            let size = rng.range(34.0, demand / 7.5).round().max(34.0);
-            let baseline = (3.0 * size).max(100.0);
-            let target = mid_onset(rng).max(20);
-            let time_scale = GP2_BUCKET / ((demand - baseline) * target as f64 * dt);
-            series[culprit].model = Some(VolumeModel {
-                kind: "gp2".into(),
-                size_gib: size,
-                ..Default::default()
-            });
-            vols[culprit].credit = Some(CreditSim {
-                balance: GP2_BUCKET,
-                baseline,
-                time_scale,
-                empty_at: None,
-            });
-            time_scales.push(VolumeTimeScale {
-                node: series[culprit].node.clone(),
-                volume: series[culprit].volume.clone(),
-                time_scale,
-            });
-            expected = volume_label(culprit, ChokepointKind::CreditExhaustion, &series);
-            severity = baseline / demand;
-        }
-        ScenarioKind::FailSlow => {
-            let from = onset(rng);
-            let to = end_of(rng, from);
-            let k = rng.range(3.0, 12.0);
-            vols[culprit].effect = Effect {
-                from,
-                to,
-                slow: k,
-                sigma: rng.range(0.2, 0.6),
-                ..Default::default()
-            };
-            faults.push(fault(culprit, "added_latency", from, to, &series));
-            expected = volume_label(culprit, ChokepointKind::FailSlow, &series);
-            onset_interval = Some(from);
-            severity = k;
-        }
-        ScenarioKind::Erroring => {
-            let from = onset(rng);
-            let to = end_of(rng, from);
-            let p = rng.range(0.002, 0.05);
-            vols[culprit].effect = Effect {
-                from,
-                to,
-                err_p: p,
-                ..Default::default()
-            };
-            faults.push(fault(culprit, "io_errors", from, to, &series));
-            expected = volume_label(culprit, ChokepointKind::Erroring, &series);
-            onset_interval = Some(from);
-            severity = p;
-        }
-        ScenarioKind::NodeLimit => {
-            let node = culprit / m;
-            let from = onset(rng);
-            let to = end_of(rng, from);
-            let u = rng.range(0.1, 0.45);
-            for v in node * m..(node + 1) * m {
-                let nominal = roles[vols[v].role].nominal(vols[v].h);
-                vols[v].effect = Effect {
-                    from,
-                    to,
-                    cap: u * nominal,
-                    ..Default::default()
-                };
-                faults.push(fault(v, "instance_limit", from, to, &series));
-            }
-            expected = Expected::Node {
-                node: series[node * m].node.clone(),
-            };
-            onset_interval = Some(from);
-            severity = u;
-        }
-        ScenarioKind::ClusterWide => {
-            // Mid-run only: a slowdown of everything from the first interval has nothing to be
-            // compared with.
-            let from = rng.int(n / 4, n * 7 / 10);
-            let k = rng.range(2.5, 10.0);
-            let mut starts = Vec::with_capacity(vols.len());
-            for vol in vols.iter_mut() {
-                let start = from + rng.int(0, 3);
-                vol.effect = Effect {
-                    from: start,
-                    to: n,
-                    slow: k * rng.lognormal(0.1),
-                    ..Default::default()
-                };
-                starts.push(start);
-            }
-            // It spreads over a few intervals: its onset is when most volumes had slowed.
-            starts.sort_unstable();
-            expected = Expected::ClusterWide;
-            onset_interval = Some(starts[(starts.len() - 1) / 2]);
-            severity = k;
-        }
-        ScenarioKind::LoadGeneratorBound => {
-            let u = rng.range(0.15, 0.5);
-            for v in vols.iter_mut() {
-                v.effect = Effect {
-                    from: 0,
-                    to: n,
-                    out_mult: u,
-                    ..Default::default()
-                };
-            }
-            expected = Expected::LoadGeneratorBound;
-            severity = u;
-        }
-    }
-
     let noise = Noise {
         sigma,
-        phi,
+        phi: 0.6,
         p_burst,
         p_gc,
-        p_blip,
+        p_blip: 0.002,
     };
+
+    let mut d = Draft::new(spec, n, closed, roles, sigma, rng);
+    let mut label = d.inject(kind, rng);
     simulate(
-        &roles,
-        &mut vols,
-        &mut series,
+        &d.roles,
+        &mut d.vols,
+        &mut d.series,
         n,
         spec.interval_ms,
         &noise,
         rng,
     );
-    if let Some(c) = vols[culprit].credit.as_ref() {
-        onset_interval = c.empty_at;
+    if let Some(c) = d.vols[d.culprit].credit.as_ref() {
+        label.onset_interval = c.empty_at;
         if let Some(e) = c.empty_at {
-            faults.push(fault(culprit, "gp2_credits_empty", e, n, &series));
+            let f = d.fault(d.culprit, "gp2_credits_empty", e, n);
+            d.faults.push(f);
         }
     }
     Scenario {
         spec: spec.clone(),
         label: Label {
-            expected,
-            onset_interval,
-            onset_ms: onset_interval.map(|i| i as u64 * spec.interval_ms),
-            severity,
+            expected: label.expected,
+            onset_interval: label.onset_interval,
+            onset_ms: label.onset_interval.map(|i| i as u64 * spec.interval_ms),
+            severity: label.severity,
         },
         timeline: Timeline {
             interval_ms: spec.interval_ms,
-            volumes: series,
-            faults,
+            volumes: d.series,
+            faults: d.faults,
         },
-        time_scales,
+        time_scales: d.time_scales,
+    }
+}
+
+/// The volumes of a scenario being generated and the faults injected into them, with one
+/// method per kind of effect. Each method draws from the generator in a fixed order, so a seed
+/// gives the same scenario whatever else changes.
+struct Draft<'a> {
+    spec: &'a ScenarioSpec,
+    n: usize,
+    closed: bool,
+    /// Volumes per node.
+    m: usize,
+    roles: Vec<RoleSim>,
+    vols: Vec<VolSim>,
+    series: Vec<VolumeSeries>,
+    /// The volume (or, for a node limit, the node of the volume) the effect is injected into.
+    culprit: usize,
+    faults: Vec<FaultWindow>,
+    time_scales: Vec<VolumeTimeScale>,
+}
+
+/// The label of an injected effect, before the simulation sets a credit cliff's onset.
+struct Injected {
+    expected: Expected,
+    onset_interval: Option<usize>,
+    severity: f64,
+}
+
+impl<'a> Draft<'a> {
+    fn new(
+        spec: &'a ScenarioSpec,
+        n: usize,
+        closed: bool,
+        roles: Vec<RoleSim>,
+        sigma: f64,
+        rng: &mut ScenarioRng,
+    ) -> Draft<'a> {
+        let roles_n = roles.len();
+        let nodes = spec.nodes.max(1);
+        let m = spec.volumes_per_node.max(1);
+        let mut vols: Vec<VolSim> = Vec::with_capacity(nodes * m);
+        let mut series: Vec<VolumeSeries> = Vec::with_capacity(nodes * m);
+        for node in 0..nodes {
+            for j in 0..m {
+                let r = j % roles_n;
+                let role = &roles[r];
+                vols.push(VolSim {
+                    role: r,
+                    h: rng.lognormal(0.08).clamp(0.8, 1.25),
+                    ar: sigma * rng.normal(),
+                    burst_left: 0,
+                    burst_factor: 1.0,
+                    cooldown: 0,
+                    effect: Effect::default(),
+                    credit: None,
+                });
+                series.push(VolumeSeries {
+                    node: format!("worker-{}", node + 1),
+                    volume: format!("/{}{}", role.name, j / roles_n),
+                    role: role.name.to_string(),
+                    model: role.model.clone(),
+                    configured_depth: if closed { role.depth as u32 } else { 0 },
+                    target_iops: (!closed).then_some(role.target),
+                    lost_at_ms: None,
+                    points: Vec::with_capacity(n),
+                });
+            }
+        }
+        let culprit = rng.int(0, vols.len() - 1);
+        Draft {
+            spec,
+            n,
+            closed,
+            m,
+            roles,
+            vols,
+            series,
+            culprit,
+            faults: Vec::new(),
+            time_scales: Vec::new(),
+        }
+    }
+
+    fn inject(&mut self, kind: ScenarioKind, rng: &mut ScenarioRng) -> Injected {
+        let none = Injected {
+            expected: Expected::None,
+            onset_interval: None,
+            severity: 0.0,
+        };
+        match kind {
+            ScenarioKind::Clean | ScenarioKind::HarmlessBursts => none,
+            ScenarioKind::Throttle => self.throttle(rng),
+            ScenarioKind::CreditCliff => self.credit_cliff(rng),
+            ScenarioKind::FailSlow => self.fail_slow(rng),
+            ScenarioKind::Erroring => self.erroring(rng),
+            ScenarioKind::NodeLimit => self.node_limit(rng),
+            ScenarioKind::ClusterWide => self.cluster_wide(rng),
+            ScenarioKind::LoadGeneratorBound => self.load_generator_bound(rng),
+        }
+    }
+
+    fn mid_onset(&self, rng: &mut ScenarioRng) -> usize {
+        rng.int(self.n / 5, self.n * 7 / 10)
+    }
+
+    fn onset(&self, rng: &mut ScenarioRng) -> usize {
+        if rng.chance(0.25) {
+            0
+        } else {
+            self.mid_onset(rng)
+        }
+    }
+
+    fn end_of(&self, rng: &mut ScenarioRng, from: usize) -> usize {
+        if rng.chance(0.3) {
+            (from + rng.int(60, 200)).min(self.n)
+        } else {
+            self.n
+        }
+    }
+
+    fn fault(&self, v: usize, what: &str, from: usize, to: usize) -> FaultWindow {
+        let s = &self.series[v];
+        FaultWindow {
+            node: s.node.clone(),
+            volume: s.volume.clone(),
+            fault: what.into(),
+            start_ms: from as u64 * self.spec.interval_ms,
+            end_ms: (to < self.n).then(|| to as u64 * self.spec.interval_ms),
+            detail: None,
+        }
+    }
+
+    /// Injects `effect` into the culprit with a fault window, labelled as a volume verdict.
+    fn on_culprit(
+        &mut self,
+        effect: Effect,
+        fault: &str,
+        kind: ChokepointKind,
+        severity: f64,
+    ) -> Injected {
+        let v = self.culprit;
+        self.vols[v].effect = effect;
+        let f = self.fault(v, fault, effect.from, effect.to);
+        self.faults.push(f);
+        Injected {
+            expected: Expected::Volume {
+                node: self.series[v].node.clone(),
+                volume: self.series[v].volume.clone(),
+                kind,
+            },
+            onset_interval: Some(effect.from),
+            severity,
+        }
+    }
+
+    fn throttle(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let v = self.culprit;
+        let from = self.onset(rng);
+        let to = self.end_of(rng, from);
+        let u = rng.range(0.05, 0.45);
+        let nominal = self.roles[self.vols[v].role].nominal(self.vols[v].h);
+        // A throttle after a fine period on a volume that might have credits is
+        // indistinguishable from credits running out; the label keeps it honest by giving
+        // a mid-run throttle a known, credit-less model.
+        let series = &mut self.series[v];
+        if from > 0 && series.model.as_ref().is_none_or(|m| m.kind.is_empty()) {
+            series.model = Some(VolumeModel {
+                kind: "io2".into(),
+                size_gib: 200.0,
+                provisioned_iops: Some((u * nominal) as u64),
+                ..Default::default()
+            });
+        }
+        let effect = Effect {
+            from,
+            to,
+            cap: u * nominal,
+            ..Default::default()
+        };
+        self.on_culprit(effect, "iops_cap", ChokepointKind::Throttled, u)
+    }
+
+    fn credit_cliff(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let v = self.culprit;
+        let r = self.vols[v].role;
+        let closed = self.closed;
+        let dt = self.spec.interval_ms as f64 / 1000.0;
+        // Enough demand that a small gp2 volume's baseline is well below it.
+        if self.roles[r].nominal(self.vols[v].h) < 1000.0 {
+            let role = &mut self.roles[r];
+            if closed {
+                role.depth = 8.0;
+                role.lat_us = role.lat_us.min(2000.0);
+            } else {
+                role.target = role.target.max(rng.range(1000.0, 2400.0)).round();
+            }
+            for s in self.series.iter_mut().filter(|s| s.role == role.name) {
+                s.configured_depth = if closed { role.depth as u32 } else { 0 };
+                s.target_iops = (!closed).then_some(role.target);
+            }
+        }
+        let demand = self.roles[r].nominal(self.vols[v].h).min(GP2_BURST_IOPS);
+        let size = rng.range(34.0, demand / 7.5).round().max(34.0);
+        let baseline = (3.0 * size).max(100.0);
+        let target = self.mid_onset(rng).max(20);
+        let time_scale = GP2_BUCKET / ((demand - baseline) * target as f64 * dt);
+        self.series[v].model = Some(VolumeModel {
+            kind: "gp2".into(),
+            size_gib: size,
+            ..Default::default()
+        });
+        self.vols[v].credit = Some(CreditSim {
+            balance: GP2_BUCKET,
+            baseline,
+            time_scale,
+            empty_at: None,
+        });
+        self.time_scales.push(VolumeTimeScale {
+            node: self.series[v].node.clone(),
+            volume: self.series[v].volume.clone(),
+            time_scale,
+        });
+        Injected {
+            expected: Expected::Volume {
+                node: self.series[v].node.clone(),
+                volume: self.series[v].volume.clone(),
+                kind: ChokepointKind::CreditExhaustion,
+            },
+            onset_interval: None,
+            severity: baseline / demand,
+        }
+    }
+
+    fn fail_slow(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let from = self.onset(rng);
+        let to = self.end_of(rng, from);
+        let k = rng.range(3.0, 12.0);
+        let effect = Effect {
+            from,
+            to,
+            slow: k,
+            sigma: rng.range(0.2, 0.6),
+            ..Default::default()
+        };
+        self.on_culprit(effect, "added_latency", ChokepointKind::FailSlow, k)
+    }
+
+    fn erroring(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let from = self.onset(rng);
+        let to = self.end_of(rng, from);
+        let p = rng.range(0.002, 0.05);
+        let effect = Effect {
+            from,
+            to,
+            err_p: p,
+            ..Default::default()
+        };
+        self.on_culprit(effect, "io_errors", ChokepointKind::Erroring, p)
+    }
+
+    fn node_limit(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let m = self.m;
+        let node = self.culprit / m;
+        let from = self.onset(rng);
+        let to = self.end_of(rng, from);
+        let u = rng.range(0.1, 0.45);
+        for v in node * m..(node + 1) * m {
+            let nominal = self.roles[self.vols[v].role].nominal(self.vols[v].h);
+            self.vols[v].effect = Effect {
+                from,
+                to,
+                cap: u * nominal,
+                ..Default::default()
+            };
+            let f = self.fault(v, "instance_limit", from, to);
+            self.faults.push(f);
+        }
+        Injected {
+            expected: Expected::Node {
+                node: self.series[node * m].node.clone(),
+            },
+            onset_interval: Some(from),
+            severity: u,
+        }
+    }
+
+    fn cluster_wide(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let n = self.n;
+        // Mid-run only: a slowdown of everything from the first interval has nothing to be
+        // compared with.
+        let from = rng.int(n / 4, n * 7 / 10);
+        let k = rng.range(2.5, 10.0);
+        let mut starts = Vec::with_capacity(self.vols.len());
+        for vol in self.vols.iter_mut() {
+            let start = from + rng.int(0, 3);
+            vol.effect = Effect {
+                from: start,
+                to: n,
+                slow: k * rng.lognormal(0.1),
+                ..Default::default()
+            };
+            starts.push(start);
+        }
+        // It spreads over a few intervals: its onset is when most volumes had slowed.
+        starts.sort_unstable();
+        Injected {
+            expected: Expected::ClusterWide,
+            onset_interval: Some(starts[(starts.len() - 1) / 2]),
+            severity: k,
+        }
+    }
+
+    fn load_generator_bound(&mut self, rng: &mut ScenarioRng) -> Injected {
+        let u = rng.range(0.15, 0.5);
+        for v in self.vols.iter_mut() {
+            v.effect = Effect {
+                from: 0,
+                to: self.n,
+                out_mult: u,
+                ..Default::default()
+            };
+        }
+        Injected {
+            expected: Expected::LoadGeneratorBound,
+            onset_interval: None,
+            severity: u,
+        }
     }
 }
 

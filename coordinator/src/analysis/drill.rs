@@ -33,7 +33,6 @@ pub use crate::results::drill::{
 };
 
 use lockstep_core::verify::VerifyReport;
-use lockstep_proto::v1::VolumeResult as WireVolumeResult;
 
 use crate::results::hlog::LogEntry;
 use crate::results::timeline::{FaultWindow, Timeline};
@@ -378,8 +377,8 @@ pub fn analyze(
 
 /// Stuck IOs and verification findings from the agents' final results, into `r` (with a
 /// warning per volume whose stuck list was cut or whose verification found bad blocks).
-pub fn collect_finals(r: &mut RunResults, finals: &[(String, WireVolumeResult)]) {
-    for (node, v) in finals {
+pub fn collect_finals(r: &mut RunResults) {
+    for (node, v) in &r.finals {
         for s in &v.stuck {
             r.stuck_ios.push(StuckIoResult {
                 node: node.clone(),
@@ -723,7 +722,7 @@ mod tests {
         let finals = vec![
             (
                 "b".to_string(),
-                WireVolumeResult {
+                lockstep_proto::v1::VolumeResult {
                     volume: "data".into(),
                     stuck: vec![stuck(900), stuck(100)],
                     stuck_count: 150,
@@ -733,7 +732,7 @@ mod tests {
             ),
             (
                 "a".to_string(),
-                WireVolumeResult {
+                lockstep_proto::v1::VolumeResult {
                     volume: "data".into(),
                     verify_json: "{".into(),
                     ..Default::default()
@@ -742,7 +741,8 @@ mod tests {
         ];
         let mut r = empty_results();
         assert!(!r.verify_failed());
-        collect_finals(&mut r, &finals);
+        r.finals = finals;
+        collect_finals(&mut r);
         // Sorted by issue time; the cut list and the unreadable result are warnings.
         assert_eq!(
             r.stuck_ios.iter().map(|s| s.start_ms).collect::<Vec<_>>(),

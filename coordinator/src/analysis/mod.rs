@@ -3,4 +3,5 @@
 pub mod chokepoint;
 pub mod curve;
 pub mod drill;
+pub mod objectives;
 pub mod sweep;

@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::ExitCode;
 
-use super::RunArgs;
 use super::series::{Step, finish, run_steps};
+use super::{RunOutcome, RunSettings};
 use crate::analysis::curve::{CurveReport, CurveStep, RoleCurve, curve_roles, figures};
 use crate::plan::{AgentInfo, Plan};
 
@@ -30,12 +29,11 @@ fn curve_step(
 
 /// Runs the curve: the maximum, then each point, each a complete run in `out_dir/curve/`.
 pub async fn run(
-    args: &RunArgs,
+    settings: &RunSettings,
     plan: &Plan,
     infos: &[AgentInfo],
-    token: Option<String>,
     out_dir: &Path,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<RunOutcome> {
     let roles = curve_roles(plan);
     let max = curve_step(
         plan,
@@ -55,14 +53,8 @@ pub async fn run(
             })
             .collect(),
     };
-    let (mut results, failed) = run_steps(
-        args,
-        infos,
-        token,
-        out_dir,
-        "curve",
-        vec![max],
-        |step, run| {
+    let (mut results, failed) =
+        run_steps(settings, infos, out_dir, "curve", vec![max], |step, run| {
             let (percent, rates) = &step.data;
             for rc in &mut report.roles {
                 let (role_fig, volumes) = figures(&run.results, &run.entries, &rc.role);
@@ -105,18 +97,17 @@ pub async fn run(
                 }
             }
             Ok(next)
-        },
-    )
-    .await?;
+        })
+        .await?;
     results.series = Some(crate::results::Series {
         curve: Some(report.clone()),
         ..Default::default()
     });
     finish(
-        args,
+        settings,
         out_dir,
         "curve",
-        &results,
+        results,
         failed,
         &report,
         &crate::export::text::curve::render_text(&report),

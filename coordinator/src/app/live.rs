@@ -108,7 +108,7 @@ impl RunObserver for LiveView {
         if self.last_suspect.elapsed() > Duration::from_secs(5) {
             self.last_suspect = Instant::now();
             let report = chokepoint::analyze(&merger.timeline(), &self.analysis);
-            self.suspect = chokepoint::live_lines(&report, 2);
+            self.suspect = crate::export::text::chokepoint::live_lines(&report, 2);
         }
         let worst = worst_volume(merger)
             .map(|(v, p99)| format!(" | worst {v} p99 {:.2} ms", p99 / 1000.0))

@@ -21,31 +21,59 @@ use lockstep_core::fault::FaultKind;
 use crate::analysis::chokepoint::{self, AnalysisOptions, Verdict};
 use crate::app::live::LiveView;
 use crate::export;
-use crate::orchestrate::local::LocalCluster;
+use crate::orchestrate::local::{LocalCluster, LocalShape};
 use crate::orchestrate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
 use crate::plan::{self, AgentInfo, AgentVolume, Assignment, Plan};
 use crate::results::hlog::HlogWriter;
 use crate::results::timeline::VolumeModel;
-use crate::results::{ObjectiveResult, RunResults, RunStatus};
+use crate::results::{RunResults, RunStatus};
 
-pub struct RunArgs {
+/// Where a run's agents come from.
+pub enum AgentSource {
+    /// `--local N` or `NxM`: agents started on this machine, each volume on its own
+    /// directory, stopped when the run ends. `allow_exec` lets the plan's exec faults run
+    /// commands here.
+    Local { shape: LocalShape, allow_exec: bool },
+    /// The live agents of the etcd registry (plans select them by label); the plan's
+    /// `[[agent]]` list is not used.
+    Registry {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
+    /// The plan's `[[agent]]` list and these `NAME=HOST:PORT` besides.
+    Listed(Vec<(String, String)>),
+}
+
+/// A run as a user asks for it: the plan file, its agents and where the results go.
+pub struct RunRequest {
     pub plan: PathBuf,
-    pub local: Option<usize>,
-    /// Start the local agents with `--allow-exec`.
-    pub allow_exec: bool,
+    pub agents: AgentSource,
+    /// Results directory (default: a new one under `./lockstep-runs/`).
     pub output: Option<PathBuf>,
-    /// Extra agents `NAME=HOST:PORT` (added to the plan's `[[agent]]` list).
-    pub agents: Vec<(String, String)>,
+    pub settings: RunSettings,
+}
+
+/// How a run is carried out and reported, whoever asked for it (the CLI or the coordinator
+/// service).
+#[derive(Debug, Clone, Default)]
+pub struct RunSettings {
+    /// The token the agents require.
     pub token: Option<String>,
+    /// Print results.json instead of the text report (and no progress lines).
     pub json: bool,
+    /// Keep the files the agents created.
     pub keep_files: bool,
+    /// A named chokepoint (volume or node) is a failure (exit 1).
     pub fail_on_chokepoint: bool,
     /// Serve Prometheus metrics of the run here.
     pub metrics_listen: Option<String>,
-    /// Take the agents from the etcd registry at these URLs (comma-separated).
-    pub etcd: Option<String>,
-    /// The registry's key prefix.
-    pub etcd_prefix: String,
+}
+
+/// What a finished run (or series) left: its results, as written to `results.json`, and the
+/// exit code they give.
+pub struct RunOutcome {
+    pub results: RunResults,
+    pub code: ExitCode,
 }
 
 /// Exit codes (the table is in docs/exit-codes.md): 0 all good; 1 an objective failed (including
@@ -101,7 +129,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
+/// Creates a run's results directory and proves it writable before any agent does IO; a
+/// directory that holds a run's results already is refused, never overwritten.
+pub fn prepare_output_dir(dir: &Path) -> anyhow::Result<()> {
     if dir.join("results.json").exists() {
         bail!(
             "{} already holds a run's results; choose another --output",
@@ -242,295 +272,143 @@ pub fn analysis_options(a: &Assignment) -> AnalysisOptions {
     opts
 }
 
-/// What the credit forecast said before a credit cliff, against when the cliff came.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ForecastCheck {
-    pub node: String,
-    pub volume: String,
-    /// The forecast used the data up to here (half-way to the onset, as a live view would).
-    pub made_at_ms: u64,
-    pub predicted_ms: u64,
-    pub actual_onset_ms: u64,
-    /// (predicted - actual) / actual onset, percent.
-    pub error_pct: f64,
-}
-
-/// For a credit-exhaustion chokepoint: the forecast the finder makes from the timeline cut
-/// half-way to the onset (what the live view showed then), compared with the actual onset.
-pub fn forecast_before_cliff(
-    t: &crate::results::timeline::Timeline,
-    opts: &AnalysisOptions,
-    final_report: &chokepoint::ChokepointReport,
-) -> Option<ForecastCheck> {
-    let Verdict::Volume(v) = &final_report.verdict else {
-        return None;
-    };
-    if v.kind != chokepoint::ChokepointKind::CreditExhaustion || v.onset_ms == 0 {
-        return None;
-    }
-    let cut = v.onset_ms / 2;
-    let mut early = t.clone();
-    for s in &mut early.volumes {
-        s.points.retain(|p| p.t_ms <= cut);
-    }
-    let r = chokepoint::analyze(&early, opts);
-    let f = r
-        .forecasts
-        .iter()
-        .find(|f| f.node == v.node && f.volume == v.volume)?;
-    let predicted = f.runs_out_at_ms?;
-    Some(ForecastCheck {
-        node: v.node.clone(),
-        volume: v.volume.clone(),
-        made_at_ms: cut,
-        predicted_ms: predicted,
-        actual_onset_ms: v.onset_ms,
-        error_pct: (predicted as f64 - v.onset_ms as f64) / v.onset_ms as f64 * 100.0,
-    })
-}
-
-/// Evaluates the plan's objectives on the results (latency from merged histograms). An
-/// objective fails on every volume, node or cluster it covers whose data is incomplete (see
-/// `results::incomplete_volumes`), with the reason: what was not measured cannot pass.
-/// Expects the stuck IOs and verification results already collected into `r`.
-pub fn evaluate_objectives(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
-    use crate::plan::{Metric, Scope};
-    let gaps = crate::results::incomplete_volumes(r);
-    let gaps_of = |pick: &dyn Fn(&str, &str) -> bool| -> Vec<String> {
-        gaps.iter()
-            .filter(|((n, v), _)| pick(n, v))
-            .flat_map(|((n, v), why)| why.iter().map(move |w| format!("{n}/{v}: {w}")))
-            .collect()
-    };
-    let role_of = |node: &str, volume: &str| -> String {
-        r.volumes
-            .iter()
-            .find(|v| v.node == node && v.volume == volume)
-            .map(|v| v.role.clone())
-            .unwrap_or_default()
-    };
-    let lat_value = |s: &crate::results::Summary,
-                     dir: Option<lockstep_core::job::Direction>,
-                     m: Metric|
-     -> Option<f64> {
-        let d = match dir {
-            Some(lockstep_core::job::Direction::Read) => &s.read,
-            Some(lockstep_core::job::Direction::Write) => &s.write,
-            None => &s.total,
-        };
-        if d.ios == 0 {
-            return None;
-        }
-        let l = d.lat_intended.as_ref().unwrap_or(&d.lat);
-        Some(match m {
-            Metric::Percentile(p) => l
-                .percentiles
-                .get(&crate::results::percentile_key(p))
-                .copied()? as f64,
-            Metric::Mean => l.mean_ns,
-            Metric::Max => l.max_ns as f64,
-            _ => return None,
-        })
-    };
-    // Lowest per-interval throughput of a set of volumes (summed per interval).
-    // Only intervals of measured phases count (the timeline also shows the warm-up).
-    let measured = |t_ms: u64| {
-        let mid = std::time::Duration::from_millis(t_ms.saturating_sub(r.interval_ms / 2));
-        a.phases
-            .iter()
-            .any(|p| p.measure && p.start <= mid && mid < p.start + p.duration)
-    };
-    let min_rate = |vols: &[&crate::results::timeline::VolumeSeries],
-                    bytes: bool,
-                    dir: Option<lockstep_core::job::Direction>|
-     -> Option<f64> {
-        let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
-        for v in vols {
-            for p in v.points.iter().filter(|p| measured(p.t_ms)) {
-                let secs = p.len_ms.max(1) as f64 / 1000.0;
-                let pick = |a: [u64; 2]| match dir {
-                    Some(d) => a[d as usize],
-                    None => a[0] + a[1],
-                };
-                let x = if bytes { pick(p.bytes) } else { pick(p.ios) } as f64 / secs;
-                *per.entry(p.t_ms).or_default() += x;
-            }
-        }
-        per.values().copied().reduce(f64::min)
-    };
-    let fmt_value = |m: Metric, v: f64| -> String {
-        match m {
-            Metric::IopsMin => format!("{v:.0} IOPS"),
-            Metric::MbpsMin => format!("{:.1} MB/s", v / 1e6),
-            _ => format!("{:.3} ms", v / 1e6),
-        }
-    };
-    a.objectives
-        .iter()
-        .map(|o| {
-            let in_role = |role: &str| o.role.as_deref().is_none_or(|r| r == role);
-            // Incomplete data first, whatever the scope (a node or the cluster with a volume
-            // missing is incomplete too): the figures below are judged on what is left.
-            let mut failures = gaps_of(&|n, v| in_role(&role_of(n, v)));
-            let mut check =
-                |who: String,
-                 summary: &crate::results::Summary,
-                 series: Vec<&crate::results::timeline::VolumeSeries>| {
-                    let value = match o.metric {
-                        Metric::IopsMin => min_rate(&series, false, o.direction),
-                        Metric::MbpsMin => min_rate(&series, true, o.direction),
-                        m => lat_value(summary, o.direction, m),
-                    };
-                    match value {
-                        Some(v) if !o.holds(v) => {
-                            failures.push(format!("{who}: {} {}", o.metric, fmt_value(o.metric, v)))
-                        }
-                        Some(_) => {}
-                        None => {}
-                    }
-                };
-            match o.scope {
-                Scope::Volume => {
-                    for v in r.volumes.iter().filter(|v| in_role(&v.role)) {
-                        let s: Vec<_> = r
-                            .timeline
-                            .volumes
-                            .iter()
-                            .filter(|s| s.node == v.node && s.volume == v.volume)
-                            .collect();
-                        check(format!("{}/{}", v.node, v.volume), &v.summary, s);
-                    }
-                }
-                Scope::Node => {
-                    for n in &r.nodes {
-                        let s: Vec<_> = r
-                            .timeline
-                            .volumes
-                            .iter()
-                            .filter(|s| s.node == n.node && in_role(&s.role))
-                            .collect();
-                        check(n.node.clone(), &n.summary, s);
-                    }
-                }
-                Scope::Cluster => {
-                    let s: Vec<_> = r
-                        .timeline
-                        .volumes
-                        .iter()
-                        .filter(|s| in_role(&s.role))
-                        .collect();
-                    check("cluster".into(), &r.cluster, s);
-                }
-            }
-            ObjectiveResult {
-                objective: o.to_string(),
-                passed: failures.is_empty(),
-                failures,
-            }
-        })
-        .collect()
-}
-
-pub fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let plan = plan::load(&args.plan)?;
-    let out_dir = args.output.clone().unwrap_or_else(|| default_output(&plan));
+/// `lockstep run`: loads the plan, finds or starts the agents, runs it and reports.
+pub fn run_command(req: RunRequest) -> anyhow::Result<ExitCode> {
+    let plan = plan::load(&req.plan)?;
+    let out_dir = req.output.clone().unwrap_or_else(|| default_output(&plan));
     prepare_output_dir(&out_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run_async(args, plan, out_dir))
+    rt.block_on(run_async(req, plan, out_dir))
 }
 
-async fn run_async(args: RunArgs, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
+async fn run_async(req: RunRequest, plan: Plan, out_dir: PathBuf) -> anyhow::Result<ExitCode> {
     // Before any agent starts: a stop during their start or layout is an orderly one too.
     crate::orchestrate::signals::install();
+    let mut settings = req.settings;
     let mut local = None;
-    let (infos, token) = if let Some(n) = args.local {
-        anyhow::ensure!(n >= 1, "--local needs at least 1 agent");
-        let volumes_root = out_dir.join("volumes");
-        if !args.json {
-            eprintln!(
-                "lockstep: starting {n} local agents, volumes under {}",
-                volumes_root.display()
+    let infos = match req.agents {
+        AgentSource::Local { shape, allow_exec } => {
+            let cluster = start_local(shape, allow_exec, &out_dir, settings.json).await?;
+            let infos = local_infos(&cluster);
+            settings.token = Some(cluster.token.clone());
+            local = Some(cluster);
+            infos
+        }
+        AgentSource::Registry { endpoints, prefix } => {
+            crate::orchestrate::registry::agent_infos(&endpoints, &prefix).await?
+        }
+        AgentSource::Listed(extra) => {
+            let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> = plan
+                .agents
+                .iter()
+                .map(|a| (a.name.clone(), a.address.clone(), a.labels.clone()))
+                .collect();
+            list.extend(extra.into_iter().map(|(n, a)| (n, a, Default::default())));
+            anyhow::ensure!(
+                !list.is_empty(),
+                "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N",
+                plan.origin.display()
             );
+            discover(&list, settings.token.as_deref()).await?
         }
-        let cluster =
-            LocalCluster::start(n, &volumes_root, Duration::from_secs(5), args.allow_exec).await?;
-        let infos = cluster
-            .agents
-            .iter()
-            .map(|a| AgentInfo {
-                name: a.name.clone(),
-                address: a.address.clone(),
-                labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
-                volumes: vec![AgentVolume {
-                    name: "data".into(),
-                    path: a.dir.clone(),
-                    kind: "local".into(),
-                    ..Default::default()
-                }],
-            })
-            .collect();
-        let token = Some(cluster.token.clone());
-        local = Some(cluster);
-        (infos, token)
-    } else if let Some(etcd) = &args.etcd {
-        // Live agents from the registry; the plan's [[agent]] list is not used.
-        let endpoints = lockstep_core::registry::parse_endpoints(etcd);
-        (
-            crate::orchestrate::registry::agent_infos(&endpoints, &args.etcd_prefix).await?,
-            args.token.clone(),
-        )
-    } else {
-        let mut list: Vec<(String, String, std::collections::BTreeMap<String, String>)> = plan
-            .agents
-            .iter()
-            .map(|a| (a.name.clone(), a.address.clone(), a.labels.clone()))
-            .collect();
-        for (n, addr) in &args.agents {
-            list.push((n.clone(), addr.clone(), Default::default()));
-        }
-        anyhow::ensure!(
-            !list.is_empty(),
-            "{}: the plan lists no [[agent]]; add some, pass --agent NAME=HOST:PORT, or try --local N",
-            plan.origin.display()
-        );
-        (
-            discover(&list, args.token.as_deref()).await?,
-            args.token.clone(),
-        )
     };
-    // A plan has at most one kind of series (the plan refuses both).
-    let outcome = if !crate::analysis::curve::curve_roles(&plan).is_empty() {
-        curve::run(&args, &plan, &infos, token, &out_dir).await
-    } else if !crate::analysis::sweep::sweep_roles(&plan).is_empty() {
-        sweep::run(&args, &plan, &infos, token, &out_dir).await
-    } else {
-        run_resolved(&args, &plan, &infos, token, &out_dir).await
-    };
+    let outcome = run_plan(&settings, &plan, &infos, None, &out_dir).await;
     if let Some(c) = local {
         tracing::debug!("stopping the local agents");
-        c.shutdown(args.keep_files).await;
+        c.shutdown(settings.keep_files).await;
     }
     tracing::debug!("run done");
-    outcome
+    Ok(outcome?.code)
 }
 
-pub(crate) async fn run_resolved(
-    args: &RunArgs,
+async fn start_local(
+    shape: LocalShape,
+    allow_exec: bool,
+    out_dir: &Path,
+    quiet: bool,
+) -> anyhow::Result<LocalCluster> {
+    let volumes_root = out_dir.join("volumes");
+    if !quiet {
+        let each = match shape.volumes_per_agent {
+            1 => String::new(),
+            m => format!(" of {m} volumes each"),
+        };
+        eprintln!(
+            "lockstep: starting {} local agents{each}, volumes under {}",
+            shape.agents,
+            volumes_root.display()
+        );
+    }
+    Ok(LocalCluster::start(shape, &volumes_root, Duration::from_secs(5), allow_exec).await?)
+}
+
+fn local_infos(cluster: &LocalCluster) -> Vec<AgentInfo> {
+    cluster
+        .agents
+        .iter()
+        .map(|a| AgentInfo {
+            name: a.name.clone(),
+            address: a.address.clone(),
+            labels: [("node".to_string(), a.name.clone())].into_iter().collect(),
+            volumes: a
+                .volumes
+                .iter()
+                .map(|(name, dir)| AgentVolume {
+                    name: name.clone(),
+                    path: dir.clone(),
+                    kind: "local".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Runs a loaded plan on these agents: a rate curve, a depth sweep or a single run, by what the
+/// plan asks for. `assignment` is the plan already resolved against `infos`, when the caller
+/// has it (single runs only use it).
+pub async fn run_plan(
+    settings: &RunSettings,
     plan: &Plan,
     infos: &[AgentInfo],
-    token: Option<String>,
+    assignment: Option<Assignment>,
     out_dir: &Path,
-) -> anyhow::Result<ExitCode> {
-    let assignment = plan::resolve(plan, infos)?;
-    check_faults(plan, &assignment)?;
+) -> anyhow::Result<RunOutcome> {
+    // A plan has at most one kind of series (the plan refuses both).
+    if !crate::analysis::curve::curve_roles(plan).is_empty() {
+        curve::run(settings, plan, infos, out_dir).await
+    } else if !crate::analysis::sweep::sweep_roles(plan).is_empty() {
+        sweep::run(settings, plan, infos, out_dir).await
+    } else {
+        let assignment = match assignment {
+            Some(a) => a,
+            None => plan::resolve(plan, infos)?,
+        };
+        run_resolved(settings, plan, &assignment, out_dir).await
+    }
+}
+
+/// One run of a resolved plan, to its results directory and report.
+pub(crate) async fn run_resolved(
+    settings: &RunSettings,
+    plan: &Plan,
+    assignment: &Assignment,
+    out_dir: &Path,
+) -> anyhow::Result<RunOutcome> {
+    check_faults(plan, assignment)?;
     let run_id = out_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "run".into());
-    let spec = run_spec(&run_id, &assignment, args.keep_files, token);
+    let spec = run_spec(
+        &run_id,
+        assignment,
+        settings.keep_files,
+        settings.token.clone(),
+    );
     let stop_rx = crate::orchestrate::signals::watch();
     let hlog_path = out_dir.join("intervals.hlog");
     // Never through a link left in the results directory.
@@ -548,9 +426,9 @@ pub(crate) async fn run_resolved(
         std::io::BufWriter::new(crate::results::hlog::KeepGoing::new(file)),
         crate::orchestrate::client::unix_ns() / 1_000_000,
     )?);
-    let mut live = LiveView::new(assignment.run_length(), args.json);
-    live.analysis = analysis_options(&assignment);
-    if let Some(addr) = &args.metrics_listen {
+    let mut live = LiveView::new(assignment.run_length(), settings.json);
+    live.analysis = analysis_options(assignment);
+    if let Some(addr) = &settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-listen {addr}"))?;
@@ -574,34 +452,17 @@ pub(crate) async fn run_resolved(
             unwritten.push(format!("{}: {e}", hlog_path.display()));
         }
     }
-    let output = outcome?;
-    let mut results = output.results;
-    crate::analysis::drill::collect_finals(&mut results, &output.finals);
-    results.objectives = evaluate_objectives(&assignment, &results);
-    let analysis = chokepoint::analyze(&results.timeline, &analysis_options(&assignment));
-    let text = chokepoint::render_text(&analysis);
+    let mut results = outcome?;
+    crate::analysis::drill::collect_finals(&mut results);
+    results.objectives = crate::analysis::objectives::evaluate(assignment, &results);
+    let opts = analysis_options(assignment);
+    let mut analysis = chokepoint::analyze(&results.timeline, &opts);
+    analysis.forecast_before_cliff =
+        chokepoint::forecast_before_cliff(&results.timeline, &opts, &analysis);
+    analysis.phases =
+        chokepoint::analyze_phases(&results.timeline, &measured_phases(&results), &opts);
     let blamed = matches!(analysis.verdict, Verdict::Volume(_) | Verdict::Node(_));
-    let mut value = serde_json::to_value(&analysis)?;
-    let before =
-        forecast_before_cliff(&results.timeline, &analysis_options(&assignment), &analysis);
-    let mut text = text;
-    if let Some(b) = &before {
-        text.push_str(&format!(
-            "forecast made before the cliff, at t={:.0}s: credits run out at t={:.0}s; they did at t={:.0}s ({:+.1}%)\n",
-            b.made_at_ms as f64 / 1000.0,
-            b.predicted_ms as f64 / 1000.0,
-            b.actual_onset_ms as f64 / 1000.0,
-            b.error_pct
-        ));
-    }
-    if let Some(o) = value.as_object_mut() {
-        o.insert("text".into(), serde_json::Value::String(text));
-        o.insert(
-            "forecast_before_cliff".into(),
-            serde_json::to_value(&before)?,
-        );
-    }
-    results.chokepoint = Some(value);
+    results.chokepoint = Some(analysis);
     if !results.faults.is_empty() && unwritten.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
         let entries = crate::results::hlog::read(&hlog_path)
@@ -616,30 +477,49 @@ pub(crate) async fn run_resolved(
     }
     // The report reaches stdout before any file is written: a full or read-only results disk
     // must not take the measurements with it.
-    if args.json {
+    if settings.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         print!("{}", export::text::render(&results));
     }
-    let fio = export::fio::document(&results, &output.finals);
-    let fio = serde_json::to_string_pretty(&fio)?.into_bytes();
-    for written in [
-        export::write_run_dir(out_dir, &results),
-        export::write_all_or_name_failures(out_dir, &[("fio.json", fio)]),
-    ] {
-        if let Err(e) = written {
-            unwritten.push(e.to_string());
-        }
+    if let Err(e) = export::write_run_dir(out_dir, &results, &export::RUN_DIR) {
+        unwritten.push(e.to_string());
     }
     if !unwritten.is_empty() {
         eprintln!(
             "lockstep: error: results not written: {} (the report above is complete)",
             unwritten.join("; ")
         );
-        return Ok(ExitCode::from(EXIT_RESULTS_UNWRITTEN));
+        return Ok(RunOutcome {
+            results,
+            code: ExitCode::from(EXIT_RESULTS_UNWRITTEN),
+        });
     }
     eprintln!("lockstep: results in {}", out_dir.display());
-    Ok(exit_code(&results, blamed && args.fail_on_chokepoint))
+    let code = exit_code(&results, blamed && settings.fail_on_chokepoint);
+    Ok(RunOutcome { results, code })
+}
+
+/// The measured phases' windows when there are several (a single phase is the whole run).
+fn measured_phases(r: &RunResults) -> Vec<chokepoint::PhaseWindow> {
+    let windows: Vec<chokepoint::PhaseWindow> = r
+        .phases
+        .iter()
+        .filter(|p| p.measured)
+        .map(|p| {
+            let start_ms = (p.start_unix_ms - r.start_unix_ms).max(0) as u64;
+            chokepoint::PhaseWindow {
+                name: p.name.clone(),
+                start_ms,
+                end_ms: start_ms + p.duration_ms,
+            }
+        })
+        .collect();
+    if windows.len() >= 2 {
+        windows
+    } else {
+        Vec::new()
+    }
 }
 
 fn exit_code(r: &RunResults, chokepoint_fails: bool) -> ExitCode {

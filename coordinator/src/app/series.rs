@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::RunArgs;
+use super::{RunOutcome, RunSettings};
 use crate::export;
 use crate::plan::{AgentInfo, Plan};
 use crate::results::{RunResults, RunStatus};
@@ -40,9 +40,8 @@ pub(crate) struct StepRun {
 /// aborted when a step was), and whether any step failed an objective or a verification or
 /// was aborted.
 pub(crate) async fn run_steps<T>(
-    args: &RunArgs,
+    settings: &RunSettings,
     infos: &[AgentInfo],
-    token: Option<String>,
     out_dir: &Path,
     mode: &str,
     steps: Vec<Step<T>>,
@@ -58,8 +57,10 @@ pub(crate) async fn run_steps<T>(
         let dir = out_dir.join(&dir_name);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!("lockstep: {mode} step {}: {}", step.name, step.what);
-        super::run_resolved(args, &step.plan, infos, token.clone(), &dir).await?;
-        let results = export::read_run_dir(&dir).map_err(anyhow::Error::msg)?;
+        let assignment = crate::plan::resolve(&step.plan, infos)?;
+        let results = super::run_resolved(settings, &step.plan, &assignment, &dir)
+            .await?
+            .results;
         let entries = crate::results::hlog::read(&dir.join("intervals.hlog"))
             .context("reading the step's intervals.hlog")?;
         failed |= results.objectives_failed() || results.verify_failed();
@@ -90,23 +91,20 @@ pub(crate) async fn run_steps<T>(
 /// `report.txt`, prints the section (its JSON with `--json`, else `text`), and gives the exit
 /// code: interrupted when a step was aborted, objective when one failed.
 pub(crate) fn finish(
-    args: &RunArgs,
+    settings: &RunSettings,
     out_dir: &Path,
     mode: &str,
-    results: &RunResults,
+    results: RunResults,
     failed: bool,
     json: &impl Serialize,
     text: &str,
-) -> anyhow::Result<ExitCode> {
-    export::write_atomically(
-        &out_dir.join("results.json"),
-        &serde_json::to_vec_pretty(results)?,
+) -> anyhow::Result<RunOutcome> {
+    export::write_run_dir(
+        out_dir,
+        &results,
+        &[&export::ResultsJson, &export::TextReport],
     )?;
-    export::write_atomically(
-        &out_dir.join("report.txt"),
-        export::text::render(results).as_bytes(),
-    )?;
-    if args.json {
+    if settings.json {
         println!("{}", serde_json::to_string_pretty(json)?);
     } else {
         print!("\n{text}");
@@ -115,11 +113,12 @@ pub(crate) fn finish(
         "lockstep: {mode} results in {} (each step in {mode}/)",
         out_dir.display()
     );
-    Ok(if results.status == RunStatus::Aborted {
+    let code = if results.status == RunStatus::Aborted {
         ExitCode::from(super::interrupted_code())
     } else if failed {
         ExitCode::from(super::EXIT_OBJECTIVE)
     } else {
         ExitCode::SUCCESS
-    })
+    };
+    Ok(RunOutcome { results, code })
 }

@@ -2,10 +2,9 @@
 //! come from `crate::analysis::sweep`.
 
 use std::path::Path;
-use std::process::ExitCode;
 
-use super::RunArgs;
 use super::series::{Step, finish, run_steps};
+use super::{RunOutcome, RunSettings};
 use crate::analysis::sweep::{RoleSweep, SweepReport, SweepStep, judge, step_figures, sweep_roles};
 use crate::plan::{AgentInfo, DepthSweep, Plan};
 
@@ -48,12 +47,11 @@ fn step(plan: &Plan, roles: &[(String, DepthSweep)], index: usize) -> Step<usize
 
 /// Runs the sweep: one complete run per value, each in `out_dir/sweep/`.
 pub async fn run(
-    args: &RunArgs,
+    settings: &RunSettings,
     plan: &Plan,
     infos: &[AgentInfo],
-    token: Option<String>,
     out_dir: &Path,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<RunOutcome> {
     let roles = sweep_roles(plan);
     let count = roles.first().map_or(0, |(_, s)| s.values.len());
     let steps = (0..count).map(|i| step(plan, &roles, i)).collect();
@@ -67,30 +65,29 @@ pub async fn run(
             })
             .collect(),
     };
-    let (mut results, failed) =
-        run_steps(args, infos, token, out_dir, "sweep", steps, |step, run| {
-            for (rs, (_, sweep)) in report.roles.iter_mut().zip(&roles) {
-                let (role, volumes) = step_figures(&run.results, &run.entries, &rs.role);
-                rs.steps.push(SweepStep {
-                    depth: sweep.values[step.data],
-                    dir: run.dir.clone(),
-                    role,
-                    volumes,
-                });
-            }
-            Ok(Vec::new())
-        })
-        .await?;
+    let (mut results, failed) = run_steps(settings, infos, out_dir, "sweep", steps, |step, run| {
+        for (rs, (_, sweep)) in report.roles.iter_mut().zip(&roles) {
+            let (role, volumes) = step_figures(&run.results, &run.entries, &rs.role);
+            rs.steps.push(SweepStep {
+                depth: sweep.values[step.data],
+                dir: run.dir.clone(),
+                role,
+                volumes,
+            });
+        }
+        Ok(Vec::new())
+    })
+    .await?;
     report.roles.iter_mut().for_each(judge);
     results.series = Some(crate::results::Series {
         sweep: Some(report.clone()),
         ..Default::default()
     });
     finish(
-        args,
+        settings,
         out_dir,
         "sweep",
-        &results,
+        results,
         failed,
         &report,
         &crate::export::text::sweep::render_text(&report),

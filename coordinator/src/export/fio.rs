@@ -7,7 +7,7 @@ use std::time::Duration;
 use lockstep_core::report::fio_json;
 use lockstep_core::stats::{DirStats, latency_histogram};
 use lockstep_proto::histogram::SparseHistogram;
-use lockstep_proto::v1::{DirTotals, VolumeResult};
+use lockstep_proto::v1::DirTotals;
 use serde_json::{Value, json};
 
 use crate::results::RunResults;
@@ -61,7 +61,8 @@ impl Acc {
     }
 }
 
-pub fn document(results: &RunResults, finals: &[(String, VolumeResult)]) -> Value {
+pub fn document(results: &RunResults) -> Value {
+    let finals = &results.finals;
     let mut client_stats = Vec::new();
     let mut acc = [Acc::default(), Acc::default()];
     for (node, v) in finals {

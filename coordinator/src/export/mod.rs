@@ -4,8 +4,8 @@
 //! - `csv`: the per-volume, per-interval timeline (`timeline.json` holds the same in the
 //!   `Timeline` format the chokepoint finder reads).
 //!
-//! `write_run_dir` writes every file of a run directory atomically (temporary file, then
-//! rename), so an interrupted write never leaves half a results file.
+//! Each format is an [`Exporter`]; `write_run_dir` writes a list of them atomically (temporary
+//! file, then rename), so an interrupted write never leaves half a results file.
 
 pub mod csv;
 pub mod fio;
@@ -21,19 +21,107 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     lockstep_core::atomic_file::write_atomically(path, bytes)
 }
 
-/// results.json, timeline.json, timeline.csv and report.txt (fio.json and intervals.hlog are
-/// written by the run). Every file is tried even when one fails (a full or read-only disk), so
-/// what could be written stays; the error names each file that could not be.
-pub fn write_run_dir(dir: &Path, results: &RunResults) -> std::io::Result<()> {
-    let json = serde_json::to_vec_pretty(results).map_err(std::io::Error::other)?;
-    let timeline = serde_json::to_vec(&results.timeline).map_err(std::io::Error::other)?;
-    let files: [(&str, Vec<u8>); 4] = [
-        ("report.txt", text::render(results).into_bytes()),
-        ("results.json", json),
-        ("timeline.json", timeline),
-        ("timeline.csv", csv::timeline(results).into_bytes()),
-    ];
-    write_all_or_name_failures(dir, &files)
+/// One output format of a finished run: a file of the results directory, made from the
+/// results alone. Every format is one implementation, so the run directory, `lockstep report`
+/// and a series' summary all write the same files the same way.
+pub trait Exporter {
+    /// The file's name in the results directory.
+    fn file_name(&self) -> &'static str;
+    /// The file's bytes.
+    fn render(&self, results: &RunResults) -> std::io::Result<Vec<u8>>;
+}
+
+/// `report.txt`: the readable report (the same text the run prints).
+pub struct TextReport;
+/// `results.json`: the one results structure, without the per-volume timeline.
+pub struct ResultsJson;
+/// `timeline.json`: every volume's interval points (what the chokepoint finder reads).
+pub struct TimelineJson;
+/// `timeline.csv`: the same timeline, one row per volume and interval.
+pub struct TimelineCsv;
+/// `fio.json`: fio's client/server JSON, from the agents' final reports.
+pub struct FioJson;
+
+impl Exporter for TextReport {
+    fn file_name(&self) -> &'static str {
+        "report.txt"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        Ok(text::render(r).into_bytes())
+    }
+}
+
+impl Exporter for ResultsJson {
+    fn file_name(&self) -> &'static str {
+        "results.json"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        serde_json::to_vec_pretty(r).map_err(std::io::Error::other)
+    }
+}
+
+impl Exporter for TimelineJson {
+    fn file_name(&self) -> &'static str {
+        "timeline.json"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        serde_json::to_vec(&r.timeline).map_err(std::io::Error::other)
+    }
+}
+
+impl Exporter for TimelineCsv {
+    fn file_name(&self) -> &'static str {
+        "timeline.csv"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        Ok(csv::timeline(r).into_bytes())
+    }
+}
+
+impl Exporter for FioJson {
+    fn file_name(&self) -> &'static str {
+        "fio.json"
+    }
+    fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
+        serde_json::to_vec_pretty(&fio::document(r)).map_err(std::io::Error::other)
+    }
+}
+
+/// The files of a single run's results directory (intervals.hlog is written by the run as the
+/// intervals arrive).
+pub const RUN_DIR: [&dyn Exporter; 5] = [
+    &TextReport,
+    &ResultsJson,
+    &TimelineJson,
+    &TimelineCsv,
+    &FioJson,
+];
+
+/// Writes `exporters`' files into `dir`. Every file is tried even when one fails (a full or
+/// read-only disk), so what could be written stays; the error names each file that could not
+/// be.
+pub fn write_run_dir(
+    dir: &Path,
+    results: &RunResults,
+    exporters: &[&dyn Exporter],
+) -> std::io::Result<()> {
+    let mut files = Vec::with_capacity(exporters.len());
+    let mut failed = Vec::new();
+    for e in exporters {
+        match e.render(results) {
+            Ok(bytes) => files.push((e.file_name(), bytes)),
+            Err(err) => failed.push(format!("{}: {err}", dir.join(e.file_name()).display())),
+        }
+    }
+    let written = write_all_or_name_failures(dir, &files);
+    match (written, failed.is_empty()) {
+        (r, true) => r,
+        (Ok(()), false) => Err(std::io::Error::other(failed.join("; "))),
+        (Err(e), false) => Err(std::io::Error::new(
+            e.kind(),
+            format!("{e}; {}", failed.join("; ")),
+        )),
+    }
 }
 
 /// Writes each file of a run directory atomically; the error lists every one that failed.

@@ -1,5 +1,7 @@
-//! `--local N`: N agents on this machine as child processes, each with its own directory as
-//! volume "data". The embedded default for trying lockstep with no infrastructure.
+//! `--local N` (or `NxM`): N agents on this machine as child processes, each with its own
+//! directory as volume "data" (or M directories, volumes "data1" .. "dataM", the way a Hadoop
+//! datanode mounts its disks). The embedded default for trying lockstep with no
+//! infrastructure.
 //!
 //! Children are started with a token only they and we know, listen on 127.0.0.1 port 0 and
 //! print their address. They live exactly as long as the coordinator, however it ends:
@@ -40,10 +42,52 @@ pub enum LocalError {
     Spawn { name: String, message: String },
 }
 
+/// The shape of a local cluster: `--local 4` is 4 agents of one volume, `--local 4x8` 4 agents
+/// of 8 volumes each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalShape {
+    pub agents: usize,
+    pub volumes_per_agent: usize,
+}
+
+impl std::str::FromStr for LocalShape {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, v) = s.split_once(['x', 'X']).unwrap_or((s, "1"));
+        let count = |x: &str, what: &str| -> Result<usize, String> {
+            match x.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(format!(
+                    "expected N or NxM (agents x volumes per agent, each at least 1), got '{s}': bad {what}"
+                )),
+            }
+        };
+        Ok(LocalShape {
+            agents: count(a, "agent count")?,
+            volumes_per_agent: count(v, "volume count")?,
+        })
+    }
+}
+
+impl LocalShape {
+    /// The volume names of each agent: "data" alone, else "data1" .. "dataM".
+    pub fn volume_names(&self) -> Vec<String> {
+        if self.volumes_per_agent == 1 {
+            vec!["data".to_string()]
+        } else {
+            (1..=self.volumes_per_agent)
+                .map(|i| format!("data{i}"))
+                .collect()
+        }
+    }
+}
+
 pub struct LocalAgent {
     pub name: String,
     pub address: String,
-    pub dir: PathBuf,
+    /// Its volumes: name and directory.
+    pub volumes: Vec<(String, PathBuf)>,
     child: Child,
     /// The write end of the child's standard input, never written: it closes when we exit.
     _lifeline: Option<tokio::process::ChildStdin>,
@@ -84,23 +128,31 @@ fn random_token() -> String {
 }
 
 impl LocalCluster {
-    /// Starts `n` agents with volume directories under `root` (created, and removed on drop).
+    /// Starts the agents with volume directories under `root` (created, and removed on drop).
     pub async fn start(
-        n: usize,
+        shape: LocalShape,
         root: &Path,
         grace: Duration,
         allow_exec: bool,
     ) -> Result<Self, LocalError> {
         let bin = agent_binary()?;
         let token = random_token();
-        let mut agents = Vec::with_capacity(n);
-        for i in 1..=n {
+        let mut agents = Vec::with_capacity(shape.agents);
+        for i in 1..=shape.agents {
             let name = format!("agent-{i}");
-            let dir = root.join(&name);
-            std::fs::create_dir_all(&dir).map_err(|source| LocalError::Dir {
-                path: dir.clone(),
-                source,
-            })?;
+            let home = root.join(&name);
+            let names = shape.volume_names();
+            let volumes: Vec<(String, PathBuf)> = if names.len() == 1 {
+                vec![(names[0].clone(), home.clone())]
+            } else {
+                names.iter().map(|v| (v.clone(), home.join(v))).collect()
+            };
+            for (_, dir) in &volumes {
+                std::fs::create_dir_all(dir).map_err(|source| LocalError::Dir {
+                    path: dir.clone(),
+                    source,
+                })?;
+            }
             let mut cmd = Command::new(&bin);
             // SAFETY: setsid(2) is async-signal-safe and touches no memory of the parent.
             unsafe {
@@ -114,8 +166,9 @@ impl LocalCluster {
             let mut child = cmd
                 .arg("serve")
                 .args(["--listen", "127.0.0.1:0", "--name", &name])
-                .arg("--volume")
-                .arg(format!("data={}", dir.display()))
+                .args(volumes.iter().flat_map(|(v, dir)| {
+                    ["--volume".to_string(), format!("{v}={}", dir.display())]
+                }))
                 .args(["--label", &format!("node={name}")])
                 .args(["--grace", &format!("{}ms", grace.as_millis())])
                 .args(allow_exec.then_some("--allow-exec"))
@@ -160,7 +213,7 @@ impl LocalCluster {
             agents.push(LocalAgent {
                 name,
                 address,
-                dir,
+                volumes,
                 child,
                 _lifeline: lifeline,
             });
@@ -211,6 +264,26 @@ impl LocalCluster {
             let t = std::time::Instant::now();
             let _ = std::fs::remove_dir_all(&self.root);
             tracing::debug!("volumes removed in {:?}", t.elapsed());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_with_their_volume_names() {
+        let one: LocalShape = "4".parse().unwrap();
+        assert_eq!((one.agents, one.volumes_per_agent), (4, 1));
+        assert_eq!(one.volume_names(), ["data"]);
+        let dn: LocalShape = "4x8".parse().unwrap();
+        assert_eq!((dn.agents, dn.volumes_per_agent), (4, 8));
+        assert_eq!(dn.volume_names().len(), 8);
+        assert_eq!(dn.volume_names()[7], "data8");
+        for bad in ["0", "4x0", "x8", "4x", "four", "-1", "4x8x2"] {
+            let e = bad.parse::<LocalShape>().unwrap_err();
+            assert!(e.contains(bad), "{e}");
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lockstep_proto::PROTOCOL_VERSION;
 use lockstep_proto::v1::{
     AbortRequest, AttachRequest, PrepareRequest, RunEvent, StartRequest,
-    VolumeResult as WireVolumeResult, VolumeWork as WireVolumeWork, run_event,
+    VolumeWork as WireVolumeWork, run_event,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
@@ -92,13 +92,6 @@ pub enum RunError {
     },
 }
 
-/// Everything the caller needs besides the results: the per-volume final results (fio JSON and
-/// whole-run histograms) for the fio-compatible export.
-pub struct RunOutput {
-    pub results: RunResults,
-    pub finals: Vec<(String, WireVolumeResult)>,
-}
-
 type StopRx = watch::Receiver<Option<crate::orchestrate::signals::Stop>>;
 
 fn stop_reason(
@@ -116,7 +109,7 @@ pub async fn execute(
     observer: &mut dyn RunObserver,
     mut stop: StopRx,
     hlog: &mut Option<crate::results::hlog::RunLog>,
-) -> Result<RunOutput, RunError> {
+) -> Result<RunResults, RunError> {
     let run_start_ns = client::unix_ns();
     let (conns, tracks) = connect_all(&spec, observer).await?;
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
@@ -335,7 +328,7 @@ fn into_output(
     conns: &[Connected],
     streams: Streams<'_>,
     run_start_ns: i64,
-) -> Result<RunOutput, RunError> {
+) -> Result<RunResults, RunError> {
     let measured_ms = streams.measured_ms();
     let (phases, measured_start_skew) = streams.phase_results();
     let seconds = (measured_ms as f64 / 1000.0).max(1e-3);
@@ -393,6 +386,7 @@ fn into_output(
         volumes: finished.volumes,
         cluster_timeline: finished.cluster_timeline,
         timeline,
+        finals: streams.finals,
         objectives: Vec::new(),
         chokepoint: None,
         faults: streams.faults,
@@ -402,10 +396,7 @@ fn into_output(
         verify: Vec::new(),
         series: None,
     };
-    Ok(RunOutput {
-        results,
-        finals: streams.finals,
-    })
+    Ok(results)
 }
 
 /// Little's law: a closed-loop volume whose queue stays well below its configured depth is held

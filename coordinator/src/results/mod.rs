@@ -6,6 +6,7 @@
 //! time and so includes time an IO waited behind a slow one (no coordinated omission). Both are
 //! kept so the difference is visible.
 
+pub mod chokepoint;
 pub mod clock;
 pub mod curve;
 pub mod drill;
@@ -234,9 +235,14 @@ pub struct RunResults {
     /// agents x 8 volumes x 1 h it is gigabytes, and re-rendering a report must not read it.
     #[serde(skip)]
     pub timeline: Timeline,
+    /// Each agent's final report of each volume, as received (node, report): the per-job fio
+    /// figures of `fio.json` come from it. Kept in memory for the exporters, not in
+    /// `results.json` (its histograms are in the report's summaries already).
+    #[serde(skip)]
+    pub finals: Vec<(String, lockstep_proto::v1::VolumeResult)>,
     pub objectives: Vec<ObjectiveResult>,
     #[serde(default)]
-    pub chokepoint: Option<serde_json::Value>,
+    pub chokepoint: Option<chokepoint::ChokepointReport>,
     #[serde(default)]
     pub faults: Vec<FaultWindow>,
     /// Things the reader must know to trust the figures (Little's law, lost agents, ...).

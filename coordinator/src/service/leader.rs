@@ -20,6 +20,7 @@
 //!
 //! A leader whose lease cannot be renewed exits: under systemd it restarts as a standby.
 
+use crate::plan::{AgentInfo, Assignment, Plan};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -465,20 +466,22 @@ async fn execute(
     let plan_path = opts.runs_dir.join(format!("{}.plan.toml", run.run_id));
     run.leader = opts.name.clone();
     run.output_dir = out_dir.display().to_string();
-    let prepared: Result<crate::plan::Assignment, String> = async {
+    let prepared: Result<(Plan, Vec<AgentInfo>, Assignment), String> = async {
         std::fs::create_dir_all(&opts.runs_dir)
             .map_err(|e| format!("{}: {e}", opts.runs_dir.display()))?;
         std::fs::write(&plan_path, &run.plan_text)
             .map_err(|e| format!("{}: {e}", plan_path.display()))?;
         let plan = crate::plan::load(&plan_path).map_err(|e| e.to_string())?;
+        crate::app::prepare_output_dir(&out_dir).map_err(|e| format!("{e:#}"))?;
         let infos = crate::orchestrate::registry::agent_infos(&opts.endpoints, &opts.prefix)
             .await
             .map_err(|e| e.to_string())?;
-        crate::plan::resolve(&plan, &infos).map_err(|e| e.to_string())
+        let assignment = crate::plan::resolve(&plan, &infos).map_err(|e| e.to_string())?;
+        Ok((plan, infos, assignment))
     }
     .await;
-    let assignment = match prepared {
-        Ok(a) => a,
+    let (plan, infos, assignment) = match prepared {
+        Ok(p) => p,
         Err(e) => {
             run.status = RunLifecycle::Failed;
             run.reason = e.clone();
@@ -519,46 +522,28 @@ async fn execute(
         run.run_id,
         run.agents.len()
     );
-    let args = crate::app::RunArgs {
-        plan: plan_path,
-        local: None,
-        allow_exec: false,
-        output: Some(out_dir.clone()),
-        agents: Vec::new(),
+    let settings = crate::app::RunSettings {
         token: opts.token.clone(),
-        json: false,
-        keep_files: false,
-        fail_on_chokepoint: false,
-        metrics_listen: None,
-        etcd: Some(opts.endpoints.join(",")),
-        etcd_prefix: opts.prefix.clone(),
+        ..Default::default()
     };
-    // `run_command` builds its own runtime: give it a thread of its own.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(crate::app::run_command(args).map_err(|e| format!("{e:#}")));
-    });
+    // A stop of the service ends the run in order, as it does a CLI run.
+    crate::orchestrate::signals::install();
     let outcome = tokio::select! {
-        r = rx => r.unwrap_or_else(|_| Err("the run thread panicked".into())),
+        r = crate::app::run_plan(&settings, &plan, &infos, Some(assignment), &out_dir) => r,
         _ = lost.changed() => return Err(LeaderError::Lost(lost.borrow().clone().unwrap_or_default())),
     };
-    let results = crate::export::read_run_dir(&out_dir).ok();
-    match (&outcome, &results) {
-        (_, Some(r)) => {
-            run.status = match r.status {
+    match outcome {
+        Ok(o) => {
+            run.status = match o.results.status {
                 crate::results::RunStatus::Completed => RunLifecycle::Completed,
                 crate::results::RunStatus::Partial => RunLifecycle::Partial,
                 crate::results::RunStatus::Aborted => RunLifecycle::Aborted,
             };
-            run.reason = r.status_reason.clone();
+            run.reason = o.results.status_reason;
         }
-        (Err(e), None) => {
+        Err(e) => {
             run.status = RunLifecycle::Failed;
-            run.reason = e.clone();
-        }
-        (Ok(_), None) => {
-            run.status = RunLifecycle::Failed;
-            run.reason = "the run wrote no results".into();
+            run.reason = format!("{e:#}");
         }
     }
     run.finished_unix_ms = Some(now_ms());
@@ -679,7 +664,15 @@ fn write_takeover_results(
     });
     // Through the results type when it accepts this, so `lockstep report DIR` renders it.
     match serde_json::from_value::<crate::results::RunResults>(value.clone()) {
-        Ok(r) => crate::export::write_run_dir(dir, &r).map_err(|e| e.to_string()),
+        Ok(r) => {
+            use crate::export::{ResultsJson, TextReport, TimelineCsv, TimelineJson};
+            crate::export::write_run_dir(
+                dir,
+                &r,
+                &[&TextReport, &ResultsJson, &TimelineJson, &TimelineCsv],
+            )
+            .map_err(|e| e.to_string())
+        }
         Err(_) => crate::export::write_atomically(
             &dir.join("results.json"),
             &serde_json::to_vec_pretty(&value).unwrap(),

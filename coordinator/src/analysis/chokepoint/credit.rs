@@ -11,6 +11,8 @@
 use lockstep_core::fault::ebs::{self, EbsModel};
 use serde::{Deserialize, Serialize};
 
+use crate::results::chokepoint::trim_float;
+
 use crate::results::timeline::{VolumeModel, VolumePoint};
 
 pub use lockstep_core::fault::ebs::{CreditUnit, GP2_BURST_IOPS, GP2_CREDITS as GP2_BUCKET};
@@ -71,14 +73,6 @@ impl CreditModel {
     /// "60 GiB gp2", for reports.
     pub fn describe(&self) -> String {
         format!("{} GiB {}", trim_float(self.size_gib), self.kind)
-    }
-}
-
-pub(crate) fn trim_float(x: f64) -> String {
-    if (x - x.round()).abs() < 1e-9 {
-        format!("{}", x.round() as i64)
-    } else {
-        format!("{x:.1}")
     }
 }
 

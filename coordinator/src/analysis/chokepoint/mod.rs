@@ -36,7 +36,6 @@
 //! seconds.
 
 mod credit;
-mod render;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -44,9 +43,9 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 pub use credit::{CreditForecast, CreditModel, CreditUnit, GP2_BUCKET, GP2_BURST_IOPS};
-pub use render::{format_duration_ms, live_lines, render_text};
 
-use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
+pub use crate::results::chokepoint::*;
+use crate::results::timeline::{Timeline, VolumePoint, VolumeSeries};
 use stats::{Center, MAD_TO_SIGMA};
 
 /// Tuning of the finder. The defaults follow the research rules; each says why.
@@ -152,178 +151,6 @@ impl Default for AnalysisOptions {
     }
 }
 
-/// The emulation time scale of one volume's model (docs/domain.md#time-scale: a 30-minute
-/// credit drain shown in 30 s is a time scale of 60).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct VolumeTimeScale {
-    pub node: String,
-    pub volume: String,
-    pub time_scale: f64,
-}
-
-/// What kind of limit a chokepoint volume is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChokepointKind {
-    /// IOPS flat at a ceiling below the peers, latency = outstanding / ceiling.
-    Throttled,
-    /// Throttled after a fine period, on a volume whose kind has burst credits (or is unknown).
-    CreditExhaustion,
-    /// Latency up without a ceiling: IOPS vary (closed-loop) or hold (open-loop).
-    FailSlow,
-    /// Sustained IO errors.
-    Erroring,
-}
-
-impl ChokepointKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChokepointKind::Throttled => "throttled",
-            ChokepointKind::CreditExhaustion => "credit exhaustion",
-            ChokepointKind::FailSlow => "fail-slow",
-            ChokepointKind::Erroring => "erroring",
-        }
-    }
-}
-
-/// Figures supporting a volume verdict, over the intervals from the onset to the end of the
-/// episode ("after"), against the same intervals of its peers.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Evidence {
-    /// Other volumes of its role.
-    pub peers: usize,
-    /// Intervals after the onset that were analyzed, and how many of them were flagged.
-    pub intervals: u32,
-    pub flagged_intervals: u32,
-    /// Mean IOPS before the onset (None when it was slow from the start).
-    pub iops_before: Option<f64>,
-    pub iops: f64,
-    /// Median IOPS after the onset: the level a throttle pins the volume at. The mean above
-    /// counts the onset interval, which a credit cliff splits between burst and baseline.
-    #[serde(default)]
-    pub iops_median: f64,
-    /// Mean over the same intervals of the peers' median IOPS.
-    pub peer_iops: f64,
-    /// Robust coefficient of variation (MAD x 1.4826 / median) of its IOPS after the onset: low
-    /// means pinned at a ceiling.
-    pub iops_cv: f64,
-    /// Median over the intervals of its mean latency, and the peers' median of the same.
-    pub latency_mean_us: f64,
-    pub peer_latency_mean_us: f64,
-    /// How far its latency sits from its peers' in robust sigmas: over the same intervals, each
-    /// peer's median latency; then (ln of its own - median of the peers' ln) / (1.4826 x MAD),
-    /// the spread floored at `spread_floor` as the flags floor it. `None` with fewer than 3
-    /// peers.
-    pub latency_robust_z: Option<f64>,
-    /// The peers' spread of latency (1.4826 x MAD of ln latency: 0.1 is about +-10%).
-    pub peer_latency_spread: f64,
-    /// Median over the intervals of each interval's p99 (a typical interval's p99; the merged
-    /// p99 over the whole period comes from the interval histograms in the report).
-    pub p99_us: f64,
-    pub peer_p99_us: f64,
-    /// Mean outstanding IOs measured, and what Little's law predicts from IOPS x latency: they
-    /// agree when the queue is real and waiting on the device.
-    pub outstanding: f64,
-    pub littles_outstanding: f64,
-    pub configured_depth: u32,
-    pub target_iops: Option<f64>,
-    /// Errors / (IOs + errors) after the onset.
-    pub error_fraction: f64,
-    /// Whether the volume was fine (at its peers' level) before the onset.
-    pub fine_before: bool,
-    pub credit: Option<CreditCheck>,
-}
-
-/// Credit-model evidence for a throttled volume with a burstable model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CreditCheck {
-    pub model: CreditModel,
-    pub time_scale: f64,
-    /// Mean credit demand (IOPS or MiB/s) before the onset.
-    pub demand_before: f64,
-    /// When a full bucket runs out at that demand (ms since the run's start).
-    pub forecast_onset_ms: Option<u64>,
-    /// Whether the measured onset is within the tolerance of the forecast.
-    pub onset_matches_forecast: bool,
-    /// Whether the rate after the onset sits at the model's baseline (within 15%).
-    pub at_baseline: bool,
-    /// The rate after the onset in the model's unit (median of the intervals after it).
-    pub rate_after: f64,
-}
-
-/// How much faster the cluster would be if the chokepoint performed like its peers' median,
-/// over the intervals after the onset.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Impact {
-    /// Independent workloads: cluster IOPS with the chokepoint's IOPS replaced by its peers'
-    /// median, divided by the cluster IOPS measured.
-    pub independent_speedup: f64,
-    /// Barrier-coupled workloads (a stage waits for the slowest, like a Hadoop stage): the
-    /// completion time ratio, peers' median throughput / chokepoint throughput.
-    pub barrier_speedup: f64,
-    /// Chokepoint latency / peers' median latency.
-    pub latency_ratio: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct VolumeVerdict {
-    pub node: String,
-    pub volume: String,
-    pub role: String,
-    pub model: Option<VolumeModel>,
-    pub kind: ChokepointKind,
-    /// Start of the onset interval, ms since the run's start.
-    pub onset_ms: u64,
-    pub onset_interval: usize,
-    /// Peak score of its worst episode (net flagged intervals).
-    pub score: u32,
-    pub evidence: Evidence,
-    /// How sure the finder is, and why.
-    #[serde(default)]
-    pub confidence: Confidence,
-    pub impact: Impact,
-}
-
-/// How sure a verdict is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ConfidenceLevel {
-    /// The typical interval after the onset is clearly out (over `peer_z` robust sigmas and
-    /// `min_slowdown`), and most of them were flagged.
-    #[default]
-    Sure,
-    /// Persistent enough to be named, but the typical interval is near the limits (or fewer
-    /// than half were flagged): a suspect, not yet sure. Look again with more data.
-    Suspect,
-}
-
-impl ConfidenceLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConfidenceLevel::Sure => "sure",
-            ConfidenceLevel::Suspect => "suspect, not yet sure",
-        }
-    }
-}
-
-/// The figures behind a verdict's confidence, over the intervals from the onset to the end of
-/// the episode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Confidence {
-    pub level: ConfidenceLevel,
-    pub flagged_intervals: u32,
-    pub intervals: u32,
-    /// Median over the intervals of its distance from its peers' center in robust units (the
-    /// larger of latency per load and IOPS deficit, each over the peers' spread with its floor).
-    pub median_distance: f64,
-    /// The peers' spread of latency and of IOPS as a robust CV (before the floor; NaN with
-    /// fewer than 3 volumes in the role).
-    pub peer_cv: f64,
-    pub peer_iops_cv: f64,
-    /// Median slowdown factor against the peers' center (latency per load, or IOPS deficit).
-    pub slowdown: f64,
-}
-
 impl Confidence {
     /// Sets the level from the figures. Errors are their own evidence: an erroring volume is
     /// sure when most intervals were flagged, whatever its latency.
@@ -346,112 +173,6 @@ struct EvidenceSums {
     r_iops_mean: f64,
     /// Mean cluster IOPS.
     cluster_iops: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeVerdict {
-    pub node: String,
-    /// The node's volumes that degraded, of `volumes_total` on the node.
-    pub volumes: Vec<String>,
-    pub volumes_total: usize,
-    pub onset_ms: u64,
-    pub onset_interval: usize,
-    pub score: u32,
-    /// Mean total IOPS of the node after the onset, and the sum of its volumes' peer medians.
-    pub iops: f64,
-    pub peer_iops: f64,
-    /// Robust coefficient of variation of the node's total IOPS after the onset: low means a
-    /// shared ceiling (instance IOPS or bandwidth cap).
-    pub iops_cv: f64,
-    /// How sure, over all its degraded volumes (a node verdict is made whatever the level).
-    #[serde(default)]
-    pub confidence: Confidence,
-    pub impact: Impact,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClusterVerdict {
-    pub roles: Vec<String>,
-    pub onset_ms: u64,
-    pub onset_interval: usize,
-    /// Role median latency during the slowdown / before it (the largest over the roles).
-    pub latency_factor: f64,
-    /// Role median IOPS during the slowdown / before it (for the same role).
-    pub iops_factor: f64,
-    /// Volumes whose mean latency rose by more than half, of the volumes of those roles.
-    pub volumes_degraded: usize,
-    pub volumes: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LoadGeneratorEvidence {
-    /// Closed-loop volumes whose mean outstanding IOs stayed below the configured depth
-    /// fraction, of all closed-loop volumes.
-    pub volumes_below: usize,
-    pub volumes_closed_loop: usize,
-    /// Median over those volumes of mean outstanding / configured depth.
-    pub outstanding_ratio: f64,
-}
-
-/// The finder's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-#[allow(clippy::large_enum_variant)] // one per report; boxing would only complicate matching
-pub enum Verdict {
-    /// No volume stayed slower than its peers, nothing degraded together.
-    None,
-    Volume(VolumeVerdict),
-    Node(NodeVerdict),
-    ClusterWide(ClusterVerdict),
-    /// The load generator, not the storage, limits the run.
-    LoadGeneratorBound(LoadGeneratorEvidence),
-}
-
-/// A volume's standing, for the live view and `results.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct VolumeScore {
-    pub node: String,
-    pub volume: String,
-    pub role: String,
-    /// Score at the end of the data (what the live view shows as the current suspect).
-    pub score: u32,
-    /// Highest score reached.
-    pub peak_score: u32,
-    pub flagged_intervals: u32,
-    /// Whether its score reached the persistence threshold at some point.
-    pub suspect: bool,
-    /// First flagged interval of its worst episode (unrefined onset), ms since the start.
-    pub episode_start_ms: Option<u64>,
-}
-
-/// A cluster-wide episode of one role.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClusterEpisode {
-    pub role: String,
-    pub start_ms: u64,
-    pub end_ms: Option<u64>,
-    pub peak_score: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChokepointReport {
-    pub verdict: Verdict,
-    /// Other node or volume verdicts, weaker than the main one (independent problems).
-    pub also: Vec<Verdict>,
-    pub interval_ms: u64,
-    pub intervals: usize,
-    /// End of the last interval analyzed (a live run analyzes the data so far).
-    pub analyzed_through_ms: u64,
-    pub volumes: Vec<VolumeScore>,
-    pub cluster_episodes: Vec<ClusterEpisode>,
-    pub forecasts: Vec<CreditForecast>,
-    /// Queue-depth evidence when the closed-loop volumes keep fewer IOs in flight than
-    /// configured (also when it is not the verdict).
-    pub load_generator: Option<LoadGeneratorEvidence>,
-    /// Volumes persistent enough to be named whose typical interval is near the limits
-    /// ([`ConfidenceLevel::Suspect`]): suspects, not yet sure, and not blamed.
-    #[serde(default)]
-    pub suspects: Vec<VolumeVerdict>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1157,8 +878,181 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         depth_ratios,
     } = first_pass(t, &lay, &peers, opts);
 
-    // Cluster-wide guard per role: many volumes degraded together, or the role's median latency
-    // far above its own history.
+    let ClusterGuard {
+        neutral,
+        episodes: cluster_eps,
+        all: cluster_all,
+    } = cluster_guard(&lay, &peers, &degraded_count, opts);
+
+    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
+
+    let ctx = Ctx {
+        t,
+        lay: &lay,
+        peers: &peers,
+        opts,
+        flags: &flags,
+        neutral: &neutral,
+    };
+    let volumes = volume_scores(t, &lay, &tracks);
+
+    // Suspects, less those whose episode began with a cluster-wide episode of their role.
+    let suspects: Vec<(usize, Episode)> = tracks
+        .iter()
+        .enumerate()
+        .filter_map(|(v, p)| p.best.map(|e| (v, e)))
+        .filter(|&(v, e)| {
+            !cluster_all.iter().any(|&(r, c)| {
+                r == lay.role_of[v]
+                    && e.start + 2 * threshold as usize >= c.start
+                    && e.start <= c.start + 2 * threshold as usize
+            })
+        })
+        .collect();
+
+    // Volume findings the finder is not sure of are suspects, not verdicts.
+    let (candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
+        .into_iter()
+        .partition(|(c, _)| match c {
+            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
+            _ => true,
+        });
+    let suspects: Vec<VolumeVerdict> = not_sure
+        .into_iter()
+        .filter_map(|(c, _)| match c {
+            Verdict::Volume(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let cluster = cluster_verdict(&ctx, &cluster_eps);
+    let load_generator = load_generator_evidence(&depth_ratios, opts);
+
+    let (verdict, also) = choose_verdict(t, opts, candidates, cluster, load_generator.clone());
+
+    let forecasts = credit_forecasts(t, &lay, opts);
+
+    let cluster_episodes = cluster_eps
+        .iter()
+        .map(|&(r, e)| ClusterEpisode {
+            role: lay.roles[r].name.clone(),
+            start_ms: lay.start_ms(e.start),
+            end_ms: (e.end < n).then(|| lay.start_ms(e.end)),
+            peak_score: e.peak,
+        })
+        .collect();
+
+    ChokepointReport {
+        verdict,
+        also,
+        interval_ms: lay.interval_ms,
+        intervals: n,
+        analyzed_through_ms: lay.end_ms,
+        volumes,
+        cluster_episodes,
+        forecasts,
+        load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
+        suspects,
+        forecast_before_cliff: None,
+        lost: lost_nodes(t),
+        phases: Vec::new(),
+    }
+}
+
+/// Nodes whose every volume stopped reporting (a lost agent), with the time of the first loss.
+fn lost_nodes(t: &Timeline) -> Vec<LostNode> {
+    let mut by_node: BTreeMap<&str, (Option<u64>, usize, bool)> = BTreeMap::new();
+    for s in &t.volumes {
+        let e = by_node.entry(s.node.as_str()).or_insert((None, 0, true));
+        e.1 += 1;
+        match s.lost_at_ms {
+            Some(at) => e.0 = Some(e.0.map_or(at, |x: u64| x.min(at))),
+            None => e.2 = false,
+        }
+    }
+    by_node
+        .into_iter()
+        .filter_map(|(node, (at, volumes, all_lost))| {
+            Some(LostNode {
+                node: node.to_string(),
+                at_ms: at.filter(|_| all_lost)?,
+                volumes,
+            })
+        })
+        .collect()
+}
+
+/// A phase of the run by name and window (ms since the run's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseWindow {
+    pub name: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+/// Each phase analyzed on its own: the timeline cut to the phase's intervals (an interval
+/// belongs to the phase its end falls in). A phase gets the options of the whole run, so its
+/// first intervals are its warm-up and history, as a run's are.
+pub fn analyze_phases(
+    t: &Timeline,
+    phases: &[PhaseWindow],
+    opts: &AnalysisOptions,
+) -> Vec<PhaseChokepoint> {
+    phases
+        .iter()
+        .map(|p| {
+            let mut cut = Timeline {
+                interval_ms: t.interval_ms,
+                volumes: Vec::with_capacity(t.volumes.len()),
+                faults: t.faults.clone(),
+            };
+            for s in &t.volumes {
+                cut.volumes.push(VolumeSeries {
+                    node: s.node.clone(),
+                    volume: s.volume.clone(),
+                    role: s.role.clone(),
+                    model: s.model.clone(),
+                    configured_depth: s.configured_depth,
+                    target_iops: s.target_iops,
+                    lost_at_ms: s.lost_at_ms.filter(|&at| at <= p.end_ms),
+                    points: s
+                        .points
+                        .iter()
+                        .filter(|x| x.t_ms > p.start_ms && x.t_ms <= p.end_ms)
+                        .copied()
+                        .collect(),
+                });
+            }
+            PhaseChokepoint {
+                phase: p.name.clone(),
+                start_ms: p.start_ms,
+                end_ms: p.end_ms,
+                report: analyze(&cut, opts),
+            }
+        })
+        .collect()
+}
+
+/// The cluster-wide guard's output per role.
+struct ClusterGuard {
+    /// Per role and interval: neutral for single volumes (marked, or near a persistent
+    /// cluster-wide episode).
+    neutral: Vec<Vec<bool>>,
+    /// Each role's worst persistent episode.
+    episodes: Vec<(usize, Episode)>,
+    /// Every persistent episode of every role.
+    all: Vec<(usize, Episode)>,
+}
+
+/// Cluster-wide guard per role: many volumes degraded together, or the role's median latency
+/// far above its own history.
+fn cluster_guard(
+    lay: &Layout,
+    peers: &Peers,
+    degraded_count: &[Vec<u32>],
+    opts: &AnalysisOptions,
+) -> ClusterGuard {
+    let n = lay.intervals;
+    let threshold = opts.persistence.max(1);
     let mut neutral: Vec<Vec<bool>> = Vec::with_capacity(lay.roles.len());
     let mut cluster_eps: Vec<(usize, Episode)> = Vec::new();
     let mut cluster_all: Vec<(usize, Episode)> = Vec::new();
@@ -1205,20 +1099,17 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         neutral.push(neutral_r);
     }
 
-    let tracks = score_volumes(&lay, &flags, &neutral, threshold);
+    ClusterGuard {
+        neutral,
+        episodes: cluster_eps,
+        all: cluster_all,
+    }
+}
 
-    let ctx = Ctx {
-        t,
-        lay: &lay,
-        peers: &peers,
-        opts,
-        flags: &flags,
-        neutral: &neutral,
-    };
-    let volumes: Vec<VolumeScore> = t
-        .volumes
+fn volume_scores(t: &Timeline, lay: &Layout, tracks: &[Persistence]) -> Vec<VolumeScore> {
+    t.volumes
         .iter()
-        .zip(&tracks)
+        .zip(tracks)
         .map(|(s, p)| VolumeScore {
             node: s.node.clone(),
             volume: s.volume.clone(),
@@ -1229,40 +1120,18 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
             suspect: p.best.is_some(),
             episode_start_ms: p.best.map(|e| lay.start_ms(e.start)),
         })
-        .collect();
+        .collect()
+}
 
-    // Suspects, less those whose episode began with a cluster-wide episode of their role.
-    let suspects: Vec<(usize, Episode)> = tracks
-        .iter()
-        .enumerate()
-        .filter_map(|(v, p)| p.best.map(|e| (v, e)))
-        .filter(|&(v, e)| {
-            !cluster_all.iter().any(|&(r, c)| {
-                r == lay.role_of[v]
-                    && e.start + 2 * threshold as usize >= c.start
-                    && e.start <= c.start + 2 * threshold as usize
-            })
-        })
-        .collect();
-
-    // Volume findings the finder is not sure of are suspects, not verdicts.
-    let (mut candidates, not_sure): (Vec<_>, Vec<_>) = node_and_volume_verdicts(&ctx, &suspects)
-        .into_iter()
-        .partition(|(c, _)| match c {
-            Verdict::Volume(v) => v.confidence.level == ConfidenceLevel::Sure,
-            _ => true,
-        });
-    let suspects: Vec<VolumeVerdict> = not_sure
-        .into_iter()
-        .filter_map(|(c, _)| match c {
-            Verdict::Volume(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    let cluster = cluster_verdict(&ctx, &cluster_eps);
-    let load_generator = load_generator_evidence(&depth_ratios, opts);
-
-    // Many nodes limited at once is not one node.
+/// The main verdict and the weaker ones: many nodes limited at once is cluster-wide, then the
+/// worst node or volume, then cluster-wide, then the load generator.
+fn choose_verdict(
+    t: &Timeline,
+    opts: &AnalysisOptions,
+    mut candidates: Vec<(Verdict, (u32, usize))>,
+    cluster: Option<Verdict>,
+    load_generator: Option<LoadGeneratorEvidence>,
+) -> (Verdict, Vec<Verdict>) {
     let node_count = t
         .volumes
         .iter()
@@ -1298,9 +1167,13 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         verdict = Verdict::None;
     }
 
+    (verdict, also)
+}
+
+/// When each volume with a credit model runs out of credits at its measured demand.
+fn credit_forecasts(t: &Timeline, lay: &Layout, opts: &AnalysisOptions) -> Vec<CreditForecast> {
     let scales = TimeScales::new(opts);
-    let forecasts = t
-        .volumes
+    t.volumes
         .iter()
         .filter_map(|s| {
             let m = CreditModel::for_volume(s.model.as_ref()?)?;
@@ -1314,30 +1187,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
                 lay.interval_ms,
             ))
         })
-        .collect();
-
-    let cluster_episodes = cluster_eps
-        .iter()
-        .map(|&(r, e)| ClusterEpisode {
-            role: lay.roles[r].name.clone(),
-            start_ms: lay.start_ms(e.start),
-            end_ms: (e.end < n).then(|| lay.start_ms(e.end)),
-            peak_score: e.peak,
-        })
-        .collect();
-
-    ChokepointReport {
-        verdict,
-        also,
-        interval_ms: lay.interval_ms,
-        intervals: n,
-        analyzed_through_ms: lay.end_ms,
-        volumes,
-        cluster_episodes,
-        forecasts,
-        load_generator: load_generator.filter(|lg| lg.volumes_below > 0),
-        suspects,
-    }
+        .collect()
 }
 
 /// Baseline of a role's median latency series: its median over the history window.
@@ -2004,6 +1854,40 @@ fn load_generator_evidence(
         volumes_below: below,
         volumes_closed_loop: ratios.len(),
         outstanding_ratio: stats::median(&mut rs).unwrap_or(0.0),
+    })
+}
+
+/// For a credit-exhaustion chokepoint: the forecast the finder makes from the timeline cut
+/// half-way to the onset (what the live view showed then), compared with the actual onset.
+pub fn forecast_before_cliff(
+    t: &Timeline,
+    opts: &AnalysisOptions,
+    final_report: &ChokepointReport,
+) -> Option<ForecastBeforeCliff> {
+    let Verdict::Volume(v) = &final_report.verdict else {
+        return None;
+    };
+    if v.kind != ChokepointKind::CreditExhaustion || v.onset_ms == 0 {
+        return None;
+    }
+    let cut = v.onset_ms / 2;
+    let mut early = t.clone();
+    for s in &mut early.volumes {
+        s.points.retain(|p| p.t_ms <= cut);
+    }
+    let r = analyze(&early, opts);
+    let f = r
+        .forecasts
+        .iter()
+        .find(|f| f.node == v.node && f.volume == v.volume)?;
+    let predicted = f.runs_out_at_ms?;
+    Some(ForecastBeforeCliff {
+        node: v.node.clone(),
+        volume: v.volume.clone(),
+        made_at_ms: cut,
+        predicted_ms: predicted,
+        actual_onset_ms: v.onset_ms,
+        error_pct: (predicted as f64 - v.onset_ms as f64) / v.onset_ms as f64 * 100.0,
     })
 }
 

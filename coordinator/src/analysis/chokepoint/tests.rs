@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::export::text::chokepoint::{live_lines, render_text};
 use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::scenario::{self, LoadMode, ScenarioKind, ScenarioRng, ScenarioSpec};
 
@@ -522,6 +523,9 @@ fn render_text_gives_the_product_sentence() {
         forecasts: vec![],
         suspects: Vec::new(),
         load_generator: None,
+        forecast_before_cliff: None,
+        lost: Vec::new(),
+        phases: Vec::new(),
     };
     let text = render_text(&r);
     let first = text.lines().next().unwrap();
@@ -965,4 +969,91 @@ fn a_node_verdict_says_how_sure_it_is() {
         n.confidence
     );
     assert!(render_text(&r).contains("confidence: sure"));
+}
+
+#[test]
+fn a_lost_agent_is_part_of_the_answer_and_a_partly_lost_node_is_not_lost() {
+    let mut t = cluster(4, 2, 120, |_, _, _| (1.0, f64::INFINITY));
+    // worker-2: both volumes gone from t=61 s (its points stop there); worker-3: one volume
+    // stopped reporting, which is not the loss of its agent.
+    for v in t.volumes.iter_mut() {
+        if v.node == "worker-2" {
+            v.lost_at_ms = Some(if v.volume == "/data0" { 61_000 } else { 61_500 });
+            v.points.retain(|p| p.t_ms <= 61_000);
+        }
+    }
+    t.volumes[4].lost_at_ms = Some(90_000);
+    let r = analyze(&t, &AnalysisOptions::default());
+    assert_eq!(
+        r.lost,
+        vec![LostNode {
+            node: "worker-2".into(),
+            at_ms: 61_000,
+            volumes: 2,
+        }]
+    );
+    assert_eq!(
+        r.verdict,
+        Verdict::None,
+        "losing an agent is not a slow volume"
+    );
+    let text = render_text(&r);
+    assert!(
+        text.contains("worker-2 lost at t=1m01s; the cluster ran without it (and its 2 volumes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_slowdown_confined_to_one_phase_is_named_in_that_phase_only() {
+    // Three phases of 100 intervals; worker-5 is throttled to a fifth of its IOPS in the second.
+    let t = cluster(8, 1, 300, |node, _, k| {
+        let cap = if node == 4 && (100..200).contains(&k) {
+            1600.0
+        } else {
+            f64::INFINITY
+        };
+        (1.0, cap)
+    });
+    let phases: Vec<PhaseWindow> = ["before", "during", "after"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| PhaseWindow {
+            name: name.to_string(),
+            start_ms: i as u64 * 100_000,
+            end_ms: (i as u64 + 1) * 100_000,
+        })
+        .collect();
+    let per = analyze_phases(&t, &phases, &AnalysisOptions::default());
+    assert_eq!(per.len(), 3);
+    assert_eq!(
+        per[0].report.verdict,
+        Verdict::None,
+        "{:?}",
+        per[0].report.verdict
+    );
+    assert_eq!(
+        per[2].report.verdict,
+        Verdict::None,
+        "{:?}",
+        per[2].report.verdict
+    );
+    match &per[1].report.verdict {
+        Verdict::Volume(v) => {
+            assert_eq!(v.node, "worker-5");
+            assert!((100_000..=103_000).contains(&v.onset_ms), "{}", v.onset_ms);
+        }
+        other => panic!("phase 'during' should name worker-5, got {other:?}"),
+    }
+    let mut whole = analyze(&t, &AnalysisOptions::default());
+    whole.phases = per;
+    let text = render_text(&whole);
+    assert!(
+        text.contains("phase 'during' (t=1m40s to 3m20s): node worker-5"),
+        "{text}"
+    );
+    assert!(
+        text.contains("phase 'before' (t=0s to 1m40s): no chokepoint"),
+        "{text}"
+    );
 }

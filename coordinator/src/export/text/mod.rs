@@ -1,5 +1,6 @@
 //! The readable final report of a cluster run.
 
+pub mod chokepoint;
 pub mod curve;
 pub mod drill;
 pub mod sweep;
@@ -69,9 +70,7 @@ pub fn render(r: &RunResults) -> String {
         o.push_str(&sweep::render_text(sw));
     }
     if let Some(c) = &r.chokepoint {
-        if let Some(text) = c.get("text").and_then(|t| t.as_str()) {
-            let _ = writeln!(o, "\nchokepoint: {text}");
-        }
+        let _ = writeln!(o, "\nchokepoint: {}", chokepoint::render_text(c));
     }
     objectives_and_warnings(&mut o, r);
     o

@@ -5,8 +5,10 @@
 
 use std::fmt::Write;
 
-use super::credit::trim_float;
-use super::{ChokepointKind, ChokepointReport, CreditForecast, Verdict, VolumeVerdict};
+use crate::results::chokepoint::{
+    ChokepointKind, ChokepointReport, Confidence, CreditForecast, Verdict, VolumeVerdict,
+    trim_float,
+};
 use crate::results::timeline::VolumeModel;
 
 /// Renders a report as text: the verdict sentence first, then evidence, weaker findings and
@@ -14,6 +16,18 @@ use crate::results::timeline::VolumeModel;
 pub fn render_text(r: &ChokepointReport) -> String {
     let mut s = String::new();
     verdict_text(&mut s, &r.verdict, true);
+    for l in &r.lost {
+        let _ = writeln!(
+            s,
+            "{} lost at t={}; the cluster ran without it (and its {} from then on",
+            l.node,
+            format_duration_ms(l.at_ms),
+            match l.volumes {
+                1 => "volume)".to_string(),
+                n => format!("{n} volumes)"),
+            }
+        );
+    }
     for v in &r.also {
         s.push_str("also: ");
         verdict_text(&mut s, v, false);
@@ -40,12 +54,32 @@ pub fn render_text(r: &ChokepointReport) -> String {
             s.push('\n');
         }
     }
+    for p in &r.phases {
+        let _ = write!(
+            s,
+            "phase '{}' (t={} to {}): ",
+            p.phase,
+            format_duration_ms(p.start_ms),
+            format_duration_ms(p.end_ms)
+        );
+        verdict_text(&mut s, &p.report.verdict, false);
+    }
+    if let Some(b) = &r.forecast_before_cliff {
+        let _ = writeln!(
+            s,
+            "forecast made before the cliff, at t={:.0}s: credits run out at t={:.0}s; they did at t={:.0}s ({:+.1}%)",
+            b.made_at_ms as f64 / 1000.0,
+            b.predicted_ms as f64 / 1000.0,
+            b.actual_onset_ms as f64 / 1000.0,
+            b.error_pct
+        );
+    }
     s
 }
 
 /// "confidence: sure (30 of 30 intervals flagged, typically 8.2 robust sigmas and 1.5x
 /// slower than its peers' center; peers' spread 2.1% latency, 0.4% IOPS)".
-fn confidence_text(c: &super::Confidence) -> String {
+fn confidence_text(c: &Confidence) -> String {
     let spread = |x: f64| {
         if x.is_finite() {
             percent(x)

@@ -1,0 +1,98 @@
+//! `--local NxM`: agents with several volumes each, like datanodes with their disks, and the
+//! chokepoint finder's node verdict on a real run: when every volume of one node slows down
+//! together while the other nodes' do not, the finder names the node, not one of its volumes.
+
+use std::process::{Command, Stdio};
+
+use lockstep::export::read_run_dir;
+use lockstep::results::chokepoint::Verdict;
+use lockstep_tests::{bin, scratch};
+
+const PLAN: &str = r#"
+name = "datanodes"
+ramp = "1s"
+duration = "20s"
+interval = "1s"
+
+[[role]]
+name = "dn"
+[role.workload.fio]
+rw = "randread"
+bs = "4k"
+iodepth = 2
+size = "16m"
+
+# One node's volumes all held to 150 IOPS from t=6 s (an instance-level limit shared by its
+# disks), while the other nodes run free.
+[[fault]]
+name = "instance-limit"
+at = "6s"
+target = { agents = ["agent-2"] }
+kind = "iops_cap"
+total = 150
+"#;
+
+#[test]
+fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
+    let dir = scratch();
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(&plan, PLAN).unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(bin("lockstep"))
+        .args(["run", "--local", "3x4"])
+        .arg(&plan)
+        .arg("--output")
+        .arg(&out)
+        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("starting 3 local agents of 4 volumes each"),
+        "{stderr}"
+    );
+    let r = read_run_dir(&out).unwrap();
+    // Twelve volumes named like a datanode's disks, four per node.
+    let mut names: Vec<String> = r
+        .volumes
+        .iter()
+        .map(|v| format!("{}/{}", v.node, v.volume))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 12, "{names:?}");
+    assert!(names.contains(&"agent-1/data1".to_string()), "{names:?}");
+    assert!(names.contains(&"agent-3/data4".to_string()), "{names:?}");
+    for v in &r.volumes {
+        assert!(v.summary.read.ios > 0, "{}/{} did no IO", v.node, v.volume);
+    }
+    let c = r.chokepoint.as_ref().expect("a chokepoint analysis");
+    match &c.verdict {
+        Verdict::Node(n) => {
+            assert_eq!(n.node, "agent-2", "{n:?}");
+            assert_eq!(n.volumes.len(), 4, "{n:?}");
+            assert_eq!(n.volumes_total, 4, "{n:?}");
+            // The fault starts at t=6 s of the measured time (the onset is an interval start).
+            assert!((5_000..=9_000).contains(&n.onset_ms), "{n:?}");
+            // Four volumes at 150 IOPS each.
+            assert!(n.iops < 4.0 * 150.0 * 1.2, "{n:?}");
+            assert!(n.peer_iops > 3.0 * n.iops, "{n:?}");
+        }
+        other => panic!("expected the node agent-2, got {other:?}"),
+    }
+    // Not also one of its volumes on its own.
+    assert!(
+        !c.also
+            .iter()
+            .any(|v| matches!(v, Verdict::Volume(v) if v.node == "agent-2")),
+        "{:?}",
+        c.also
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("chokepoint: node agent-2: 4 of its 4 volumes degraded together"),
+        "{text}"
+    );
+}
