@@ -442,6 +442,23 @@ struct CreditSim {
     empty_at: Option<usize>,
 }
 
+impl VolSim {
+    /// A volume of `role` with its persistent offset `h` and the start of its AR(1) noise `ar`,
+    /// untouched by any effect yet.
+    fn new(role: usize, h: f64, ar: f64) -> VolSim {
+        VolSim {
+            role,
+            h,
+            ar,
+            burst_left: 0,
+            burst_factor: 1.0,
+            cooldown: 0,
+            effect: Effect::default(),
+            credit: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct VolSim {
     role: usize,
@@ -560,16 +577,11 @@ impl<'a> Draft<'a> {
             for j in 0..m {
                 let r = j % roles_n;
                 let role = &roles[r];
-                vols.push(VolSim {
-                    role: r,
-                    h: rng.lognormal(0.08).clamp(0.8, 1.25),
-                    ar: sigma * rng.normal(),
-                    burst_left: 0,
-                    burst_factor: 1.0,
-                    cooldown: 0,
-                    effect: Effect::default(),
-                    credit: None,
-                });
+                vols.push(VolSim::new(
+                    r,
+                    rng.lognormal(0.08).clamp(0.8, 1.25),
+                    sigma * rng.normal(),
+                ));
                 series.push(VolumeSeries {
                     node: format!("worker-{}", node + 1),
                     volume: format!("/{}{}", role.name, j / roles_n),
@@ -895,16 +907,11 @@ pub fn generate_sensitivity(spec: &SensitivitySpec, rng: &mut ScenarioRng) -> Sc
     let mut series = Vec::with_capacity(nodes * m);
     for node in 0..nodes {
         for j in 0..m {
-            vols.push(VolSim {
-                role: 0,
-                h: rng.lognormal(offset_sigma),
-                ar: jitter_sigma * rng.normal(),
-                burst_left: 0,
-                burst_factor: 1.0,
-                cooldown: 0,
-                effect: Effect::default(),
-                credit: None,
-            });
+            vols.push(VolSim::new(
+                0,
+                rng.lognormal(offset_sigma),
+                jitter_sigma * rng.normal(),
+            ));
             series.push(VolumeSeries {
                 node: format!("worker-{}", node + 1),
                 volume: format!("/{}{j}", role.name),

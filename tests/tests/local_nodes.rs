@@ -2,52 +2,18 @@
 //! chokepoint finder's node verdict on a real run: when every volume of one node slows down
 //! together while the other nodes' do not, the finder names the node, not one of its volumes.
 
-use std::process::{Command, Stdio};
-
 use lockstep::export::read_run_dir;
 use lockstep::results::chokepoint::Verdict;
-use lockstep_tests::{bin, scratch};
+use lockstep_tests::{output_text, run_plan, scratch};
 
-const PLAN: &str = r#"
-name = "datanodes"
-ramp = "1s"
-duration = "20s"
-interval = "1s"
-
-[[role]]
-name = "dn"
-[role.workload.fio]
-rw = "randread"
-bs = "4k"
-iodepth = 2
-size = "16m"
-
-# One node's volumes all held to 150 IOPS from t=6 s (an instance-level limit shared by its
-# disks), while the other nodes run free.
-[[fault]]
-name = "instance-limit"
-at = "6s"
-target = { agents = ["agent-2"] }
-kind = "iops_cap"
-total = 150
-"#;
+/// One node's volumes all held to 150 IOPS from t=8 s (an instance-level limit shared by its
+/// disks), while the other nodes run free.
+const PLAN: &str = include_str!("../../examples/chokepoint/node-limit.toml");
 
 #[test]
 fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
     let dir = scratch();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, PLAN).unwrap();
-    let out = dir.path().join("run");
-    let o = Command::new(bin("lockstep"))
-        .args(["run", "--local", "3x4"])
-        .arg(&plan)
-        .arg("--output")
-        .arg(&out)
-        .env("LOCKSTEP_AGENT_BIN", bin("lockstep-agent"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let (o, out) = run_plan(dir.path(), PLAN, None, &["--local", "3x4"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     assert!(
@@ -74,13 +40,16 @@ fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
             assert_eq!(n.node, "agent-2", "{n:?}");
             assert_eq!(n.volumes.len(), 4, "{n:?}");
             assert_eq!(n.volumes_total, 4, "{n:?}");
-            // The fault starts at t=6 s of the measured time (the onset is an interval start).
-            assert!((5_000..=9_000).contains(&n.onset_ms), "{n:?}");
+            // The fault starts at t=8 s (the onset is an interval start).
+            assert!((7_000..=11_000).contains(&n.onset_ms), "{n:?}");
             // Four volumes at 150 IOPS each.
             assert!(n.iops < 4.0 * 150.0 * 1.2, "{n:?}");
             assert!(n.peer_iops > 3.0 * n.iops, "{n:?}");
         }
-        other => panic!("expected the node agent-2, got {other:?}"),
+        other => panic!(
+            "expected the node agent-2, got {other:?}\n{}",
+            output_text(&o)
+        ),
     }
     // Not also one of its volumes on its own.
     assert!(

@@ -5,7 +5,8 @@
 //! - `metrics`: Prometheus metrics (`/metrics`);
 //! - `notify`: readiness and watchdog pings for systemd (`Type=notify`, `WatchdogSec=`);
 //! - `tls`: mutual TLS with the operator's CA (`--tls-cert/--tls-key/--tls-ca`);
-//! - this module: the gRPC service and the life of a run (prepare → start at an instant →
+//! - `run`: the life of a started run (its volumes, agent-wide faults, watchdog, final result);
+//! - this module: the gRPC service and the phases of a run (prepare → start at an instant →
 //!   stream intervals → final result), with the safety rule that an agent whose coordinator is
 //!   gone for longer than the grace period stops its own IO: no runaway load on a production host.
 
@@ -13,6 +14,7 @@ pub mod agent_faults;
 pub mod aggregate;
 pub mod metrics;
 pub mod notify;
+mod run;
 pub use lockstep_core::tls;
 pub mod volume;
 
@@ -24,9 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
-    AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, DirTotals,
-    FaultEvent, FinalResult, HelloReply, HelloRequest, PrepareReply, PrepareRequest, RunEvent,
-    StartRequest, Volume, VolumeInterval, VolumeResult, run_event,
+    AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
+    HelloRequest, PrepareReply, PrepareRequest, RunEvent, StartRequest, Volume, VolumeInterval,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -37,11 +38,11 @@ use tonic::{Request, Response, Status};
 use crate::fault::FaultSpec;
 use crate::job::JobSpec;
 use crate::jobfile;
-use crate::report::fio_json;
-use crate::runner::{self, CloneFaults, PreparedRun, RunOptions};
+use crate::runner::{self, PreparedRun, RunOptions};
 use crate::stats::DirStats;
-use aggregate::{VolumeAggregator, VolumeEvents, unix_ns};
+use aggregate::{VolumeEvents, unix_ns};
 use metrics::Metrics;
+use run::{RunSetup, run, run_panicked};
 pub use volume::VolumeConfig;
 
 #[derive(Debug, Clone)]
@@ -799,254 +800,6 @@ impl Agent for AgentService {
     }
 }
 
-/// The life of a started run, on its own thread: every volume's jobs on threads of their own,
-/// a watchdog for the coordinator's presence, then the final result.
-/// What `Prepare` and `Start` said about a run.
-struct RunSetup {
-    run_id: String,
-    /// The synchronized start, in this agent's clock.
-    start_at: SystemTime,
-    keep_files: bool,
-    /// Reporting interval.
-    interval: Duration,
-}
-
-fn run(
-    shared: Arc<Shared>,
-    setup: RunSetup,
-    volumes: Vec<PreparedVolume>,
-    hub: Arc<EventHub>,
-    stop: Arc<AtomicBool>,
-) {
-    let RunSetup {
-        run_id,
-        start_at,
-        keep_files,
-        interval,
-    } = setup;
-    shared.metrics.set_state(2);
-    let grace = shared.cfg.grace;
-    let lost_coordinator = Arc::new(AtomicBool::new(false));
-    let mut fault_events = Vec::new();
-    let agent_wide = agent_faults::collect(volumes.iter().map(|v| v.faults.as_slice()));
-    let volume_paths: Vec<(String, String)> = volumes
-        .iter()
-        .map(|v| {
-            let path = shared
-                .cfg
-                .volumes
-                .iter()
-                .find(|c| c.name == v.name)
-                .map(|c| c.path.display().to_string())
-                .unwrap_or_default();
-            (v.name.clone(), path)
-        })
-        .collect();
-    for v in &volumes {
-        // Agent-wide faults are recorded as they actually happen, below.
-        for f in v.faults.iter().filter(|f| !f.kind.is_agent_wide()) {
-            let start = start_at + Duration::from_millis(f.at_ms);
-            fault_events.push(FaultEvent {
-                volume: v.name.clone(),
-                fault: f.name().to_string(),
-                start_agent_ns: unix_ns(start),
-                end_agent_ns: f
-                    .duration_ms
-                    .map_or(0, |d| unix_ns(start + Duration::from_millis(d))),
-                detail: String::new(),
-            });
-        }
-    }
-    let results: Vec<VolumeResult> = std::thread::scope(|scope| {
-        let done = Arc::new(AtomicBool::new(false));
-        // Watchdog: nobody listening for longer than the grace period stops the IO.
-        {
-            let (hub, stop, done, lost) = (
-                hub.clone(),
-                stop.clone(),
-                done.clone(),
-                lost_coordinator.clone(),
-            );
-            scope.spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    if let Some(d) = hub.detached_for() {
-                        if d > grace && !stop.load(Ordering::Relaxed) {
-                            tracing::error!(
-                                "no coordinator for {:.1}s (grace {:.1}s): stopping IO",
-                                d.as_secs_f64(),
-                                grace.as_secs_f64()
-                            );
-                            lost.store(true, Ordering::Relaxed);
-                            stop.store(true, Ordering::Relaxed);
-                        }
-                    }
-                }
-            });
-        }
-        // Agent-wide faults, each on a thread of its own, timed from the start instant.
-        let origin = Instant::now()
-            + start_at
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-        let agent_fault_threads: Vec<_> = agent_wide
-            .into_iter()
-            .map(|f| {
-                let ctx = agent_faults::Context {
-                    hub: hub.clone(),
-                    cut_off: shared.cut_off.clone(),
-                    run_id: run_id.clone(),
-                    agent: shared.cfg.name.clone(),
-                    volumes: volume_paths.clone(),
-                    done: done.clone(),
-                };
-                scope.spawn(move || agent_faults::run(f, origin, ctx))
-            })
-            .collect();
-        let handles: Vec<_> = volumes
-            .into_iter()
-            .map(|v| {
-                let (hub, stop) = (hub.clone(), stop.clone());
-                let name = v.name.clone();
-                let handle = scope.spawn(move || {
-                    let faults = Arc::new(v.faults);
-                    let names = faults.clone();
-                    let aggregator = VolumeAggregator::new(
-                        v.name.clone(),
-                        v.run.jobs().iter().map(|j| j.numjobs as usize).sum(),
-                        v.configured_depth,
-                        v.open_loop,
-                        Box::new(move |t_ms| {
-                            crate::fault::active_faults(&names, t_ms * 1_000_000)
-                                .into_iter()
-                                .map(String::from)
-                                .collect()
-                        }),
-                        hub.clone(),
-                    );
-                    let fault_seed = unix_ns(start_at) as u64;
-                    // One gate per volume, shared by its clones: numjobs=4 on an emulated
-                    // 3,000-IOPS volume still gets 3,000 IOPS in all, not 12,000.
-                    let gate = crate::fault::build_gate(&faults, fault_seed)
-                        .map(crate::fault::SharedGate::new);
-                    let throttle = v.throttle.clone();
-                    let limits_done = Arc::new(AtomicBool::new(false));
-                    let io_started = Arc::new(std::sync::OnceLock::new());
-                    if let Some(t) = &throttle {
-                        schedule_throttle(
-                            t.clone(),
-                            &faults,
-                            io_started.clone(),
-                            stop.clone(),
-                            limits_done.clone(),
-                        );
-                    }
-                    let opts = RunOptions {
-                        stop,
-                        keep_files,
-                        interval,
-                        start_at: Some(start_at),
-                        sink: Some(Arc::new(StartTap {
-                            inner: aggregator,
-                            started: io_started,
-                        })),
-                        faults: if faults.is_empty() {
-                            None
-                        } else {
-                            Some(Arc::new(move |job: usize, clone: u32| {
-                                let seed = fault_seed ^ ((job as u64) << 32) ^ clone as u64;
-                                CloneFaults {
-                                    gate: gate
-                                        .clone()
-                                        .map(|g| Box::new(g) as Box<dyn crate::fault::IoGate>),
-                                    fault: crate::fault::build_fault(&faults, seed),
-                                    enter: throttle.clone().map(|t| {
-                                        Box::new(move || {
-                                            t.enter_current_thread().map_err(|e| e.to_string())
-                                        })
-                                            as Box<dyn FnOnce() -> Result<(), String> + Send>
-                                    }),
-                                }
-                            }))
-                        },
-                        ..RunOptions::default()
-                    };
-                    let report = v.run.execute(&opts);
-                    limits_done.store(true, Ordering::Relaxed);
-                    let error = report
-                        .jobs
-                        .iter()
-                        .find_map(|j| j.error.clone())
-                        .unwrap_or_default();
-                    let mut totals = [DirStats::new(v.open_loop), DirStats::new(v.open_loop)];
-                    for j in &report.jobs {
-                        totals[0].merge(&j.stats.dirs[0]);
-                        totals[1].merge(&j.stats.dirs[1]);
-                    }
-                    VolumeResult {
-                        volume: v.name,
-                        fio_json: fio_json::to_string(&report),
-                        error,
-                        verify_json: verify_json(&report),
-                        read: Some(dir_totals(&totals[0])),
-                        write: Some(dir_totals(&totals[1])),
-                        stuck: stuck_ios(&report),
-                        stuck_count: report.jobs.iter().map(|j| j.stats.stuck_count).sum(),
-                    }
-                });
-                (name, handle)
-            })
-            .collect();
-        // A panicking volume thread is that volume's error, not the run's end: panicking here
-        // would leave the watchdog waiting for `done` and the scope (and the agent, busy with
-        // this run) waiting for the watchdog, for ever.
-        let results = handles
-            .into_iter()
-            .map(|(volume, h)| {
-                h.join().unwrap_or_else(|panic| {
-                    let error = format!("the volume's run failed: {}", panic_message(&*panic));
-                    tracing::error!("volume {volume}: {error}");
-                    VolumeResult {
-                        volume,
-                        error,
-                        ..VolumeResult::default()
-                    }
-                })
-            })
-            .collect();
-        done.store(true, Ordering::Relaxed);
-        for t in agent_fault_threads {
-            match t.join() {
-                Ok(events) => fault_events.extend(events),
-                Err(panic) => tracing::error!("a fault thread failed: {}", panic_message(&*panic)),
-            }
-        }
-        results
-    });
-    let error = if lost_coordinator.load(Ordering::Relaxed) {
-        format!(
-            "coordinator lost for longer than the grace period ({:.1}s): IO stopped",
-            grace.as_secs_f64()
-        )
-    } else if stop.load(Ordering::Relaxed) {
-        "aborted".to_string()
-    } else {
-        String::new()
-    };
-    hub.publish(RunEvent {
-        seq: 0,
-        event: Some(run_event::Event::Final(FinalResult {
-            volumes: results,
-            error,
-            faults: fault_events,
-        })),
-    });
-    hub.finish();
-    *shared.last_run.lock().unwrap() = Some((run_id, hub.clone()));
-    *shared.phase.lock().unwrap() = Phase::Idle;
-    shared.metrics.run_ended();
-}
-
 /// What a panic said, for the run's error.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -1054,156 +807,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string())
-}
-
-/// The run thread itself panicked (outside the volumes' threads): the coordinator still gets
-/// a final result saying so, and the agent is idle again, not busy for ever with a run that
-/// no longer exists.
-fn run_panicked(shared: &Shared, hub: &Arc<EventHub>, run_id: String, message: String) {
-    tracing::error!("run {run_id} failed: {message}");
-    hub.publish(RunEvent {
-        seq: 0,
-        event: Some(run_event::Event::Final(FinalResult {
-            volumes: Vec::new(),
-            error: format!("the agent's run failed: {message}"),
-            faults: Vec::new(),
-        })),
-    });
-    hub.finish();
-    *shared.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some((run_id, hub.clone()));
-    *shared.phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Idle;
-    shared.metrics.set_state(0);
-}
-
-/// Forwards to the volume's aggregator and notes when its IO actually began: the clones'
-/// intervals and IO-path fault windows count from that instant, so the kernel throttle's
-/// windows must too (an agent that starts late under load would otherwise throttle the wrong
-/// intervals).
-struct StartTap<S: runner::IntervalSink> {
-    inner: S,
-    /// On the monotonic clock, as the clones time their intervals and IO-path faults (the
-    /// wall clock may be stepped or slewed during a run).
-    started: Arc<std::sync::OnceLock<Instant>>,
-}
-
-impl<S: runner::IntervalSink> runner::IntervalSink for StartTap<S> {
-    fn on_interval(&self, snapshot: runner::IntervalSnapshot<'_>) {
-        self.inner.on_interval(snapshot)
-    }
-    fn on_group_started(&self, groupid: u32, at: SystemTime) {
-        if groupid == 0 {
-            let _ = self.started.set(Instant::now());
-        }
-        self.inner.on_group_started(groupid, at)
-    }
-    fn on_clone_done(&self, job_index: usize, clone: u32) {
-        self.inner.on_clone_done(job_index, clone)
-    }
-}
-
-/// Writes a volume's `kernel_throttle` limits at each window edge (the lowest limit per field
-/// among the open windows), counted from when the volume's IO began, until its jobs are done
-/// or the run is stopped; the cgroup removes its limits when it is dropped.
-fn schedule_throttle(
-    group: Arc<crate::fault::kernel::ThrottleGroup>,
-    faults: &[FaultSpec],
-    io_started: Arc<std::sync::OnceLock<Instant>>,
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicBool>,
-) {
-    let specs: Vec<(u64, Option<u64>, crate::fault::KernelThrottleSpec)> = faults
-        .iter()
-        .filter_map(|f| match &f.kind {
-            crate::fault::FaultKind::KernelThrottle(k) => {
-                Some((f.at_ms, f.duration_ms.map(|d| f.at_ms + d), k.clone()))
-            }
-            _ => None,
-        })
-        .collect();
-    let mut edges: Vec<u64> = specs
-        .iter()
-        .flat_map(|(at, end, _)| std::iter::once(*at).chain(*end))
-        .collect();
-    edges.sort_unstable();
-    edges.dedup();
-    let spawned = std::thread::Builder::new()
-        .name("kernel-throttle".into())
-        .spawn(move || {
-            let start_at = loop {
-                if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                match io_started.get() {
-                    Some(t) => break *t,
-                    None => std::thread::sleep(Duration::from_millis(1)),
-                }
-            };
-            for t_ms in edges {
-                let at = start_at + Duration::from_millis(t_ms);
-                loop {
-                    if done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let left = at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    std::thread::sleep(left.min(Duration::from_millis(20)));
-                }
-                let limits = crate::fault::kernel::active_limits(&specs, t_ms);
-                if let Err(e) = group.set(limits.as_ref()) {
-                    tracing::error!("{e}");
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::error!("kernel_throttle: cannot start its scheduler thread: {e}");
-    }
-}
-
-/// The volume's verification findings merged over its jobs (`VerifyReport` as JSON), or
-/// empty when no job verified.
-fn verify_json(report: &crate::report::RunReport) -> String {
-    let mut merged: Option<crate::verify::VerifyReport> = None;
-    for r in report.jobs.iter().filter_map(|j| j.verify.as_ref()) {
-        merged.get_or_insert_with(Default::default).merge(r);
-    }
-    merged
-        .map(|m| serde_json::to_string(&m).unwrap_or_default())
-        .unwrap_or_default()
-}
-
-fn stuck_ios(report: &crate::report::RunReport) -> Vec<lockstep_proto::v1::StuckIo> {
-    report
-        .jobs
-        .iter()
-        .flat_map(|j| &j.stats.stuck)
-        .map(|s| lockstep_proto::v1::StuckIo {
-            offset: s.offset,
-            len: s.len,
-            direction: s.direction.name().into(),
-            start_ms: s.start_ms,
-            latency_ms: s.latency_ms,
-            file: s.file.clone(),
-            completed: s.completed,
-        })
-        .collect()
-}
-
-fn dir_totals(d: &DirStats) -> DirTotals {
-    let enc = |h: &hdrhistogram::Histogram<u64>| {
-        if h.is_empty() {
-            Vec::new()
-        } else {
-            lockstep_proto::histogram::encode(h).unwrap_or_default()
-        }
-    };
-    DirTotals {
-        slat_hist: enc(&d.slat),
-        clat_hist: enc(&d.clat),
-        lat_hist: enc(&d.lat),
-        lat_intended_hist: d.lat_intended.as_ref().map(enc).unwrap_or_default(),
-    }
 }
 
 /// Serves the agent until `shutdown` resolves. Keepalive pings find a coordinator that died or
@@ -1471,6 +1074,7 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep_proto::v1::run_event;
     use tokio_stream::StreamExt;
 
     /// An agent with one directory volume per name.

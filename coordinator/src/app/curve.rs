@@ -53,65 +53,57 @@ pub async fn run(
             })
             .collect(),
     };
-    let (mut results, failed) =
-        run_steps(settings, infos, out_dir, "curve", vec![max], |step, run| {
-            let (percent, rates) = &step.data;
-            for rc in &mut report.roles {
-                let (role_fig, volumes) = figures(&run.results, &run.entries, &rc.role);
-                if percent.is_none() {
-                    rc.max_iops_per_volume = if volumes.is_empty() {
-                        0.0
-                    } else {
-                        role_fig.iops / volumes.len() as f64
-                    };
-                }
-                rc.steps.push(CurveStep {
-                    name: step.name.clone(),
-                    percent: *percent,
-                    target_iops: rates.get(&rc.role).copied().flatten(),
-                    dir: run.dir.clone(),
-                    role: role_fig,
-                    volumes,
-                });
+    let (results, failed) = run_steps(settings, infos, out_dir, "curve", vec![max], |step, run| {
+        let (percent, rates) = &step.data;
+        for rc in &mut report.roles {
+            let (role_fig, volumes) = figures(&run.results, &run.entries, &rc.role);
+            if percent.is_none() {
+                rc.max_iops_per_volume = if volumes.is_empty() {
+                    0.0
+                } else {
+                    role_fig.iops / volumes.len() as f64
+                };
             }
-            if percent.is_some() {
-                return Ok(Vec::new());
+            rc.steps.push(CurveStep {
+                name: step.name.clone(),
+                percent: *percent,
+                target_iops: rates.get(&rc.role).copied().flatten(),
+                dir: run.dir.clone(),
+                role: role_fig,
+                volumes,
+            });
+        }
+        if percent.is_some() {
+            return Ok(Vec::new());
+        }
+        // The maximum is known: schedule the points.
+        let mut next = Vec::new();
+        for &p in &points {
+            let rates: Rates = roles
+                .iter()
+                .filter(|(_, ps)| ps.contains(&p))
+                .filter_map(|(r, _)| {
+                    let max = report
+                        .roles
+                        .iter()
+                        .find(|c| &c.role == r)?
+                        .max_iops_per_volume;
+                    Some((r.clone(), Some(((max * p / 100.0).round() as u64).max(1))))
+                })
+                .collect();
+            if !rates.is_empty() {
+                next.push(curve_step(plan, format!("{p}%"), Some(p), rates)?);
             }
-            // The maximum is known: schedule the points.
-            let mut next = Vec::new();
-            for &p in &points {
-                let rates: Rates = roles
-                    .iter()
-                    .filter(|(_, ps)| ps.contains(&p))
-                    .filter_map(|(r, _)| {
-                        let max = report
-                            .roles
-                            .iter()
-                            .find(|c| &c.role == r)?
-                            .max_iops_per_volume;
-                        Some((r.clone(), Some(((max * p / 100.0).round() as u64).max(1))))
-                    })
-                    .collect();
-                if !rates.is_empty() {
-                    next.push(curve_step(plan, format!("{p}%"), Some(p), rates)?);
-                }
-            }
-            Ok(next)
-        })
-        .await?;
-    results.series = Some(crate::results::Series {
-        curve: Some(report.clone()),
+        }
+        Ok(next)
+    })
+    .await?;
+    let text = crate::export::text::curve::render_text(&report);
+    let series = crate::results::Series {
+        curve: Some(report),
         ..Default::default()
-    });
-    finish(
-        settings,
-        out_dir,
-        "curve",
-        results,
-        failed,
-        &report,
-        &crate::export::text::curve::render_text(&report),
-    )
+    };
+    finish(settings, out_dir, "curve", results, series, failed, &text)
 }
 
 fn describe(rates: &Rates) -> String {

@@ -102,17 +102,7 @@ fn default_output(plan: &Plan) -> PathBuf {
         rem / 60 % 60,
         rem % 60
     );
-    let name: String = plan
-        .name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let name = plan::file_safe_name(&plan.name);
     PathBuf::from("lockstep-runs").join(format!("{stamp}-{name}"))
 }
 

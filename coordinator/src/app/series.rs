@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use serde::Serialize;
 
 use super::{RunOutcome, RunSettings};
 use crate::export;
@@ -94,18 +93,21 @@ pub(crate) fn finish(
     settings: &RunSettings,
     out_dir: &Path,
     mode: &str,
-    results: RunResults,
+    mut results: RunResults,
+    series: crate::results::Series,
     failed: bool,
-    json: &impl Serialize,
     text: &str,
 ) -> anyhow::Result<RunOutcome> {
+    // The series' own section, as `--json` prints it: the curve or the sweep report.
+    let json = serde_json::to_value(&series)?;
+    results.series = Some(series);
     export::write_run_dir(
         out_dir,
         &results,
         &[&export::ResultsJson, &export::TextReport],
     )?;
     if settings.json {
-        println!("{}", serde_json::to_string_pretty(json)?);
+        println!("{}", serde_json::to_string_pretty(&json[mode])?);
     } else {
         print!("\n{text}");
     }

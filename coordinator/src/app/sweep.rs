@@ -65,7 +65,7 @@ pub async fn run(
             })
             .collect(),
     };
-    let (mut results, failed) = run_steps(settings, infos, out_dir, "sweep", steps, |step, run| {
+    let (results, failed) = run_steps(settings, infos, out_dir, "sweep", steps, |step, run| {
         for (rs, (_, sweep)) in report.roles.iter_mut().zip(&roles) {
             let (role, volumes) = step_figures(&run.results, &run.entries, &rs.role);
             rs.steps.push(SweepStep {
@@ -79,17 +79,10 @@ pub async fn run(
     })
     .await?;
     report.roles.iter_mut().for_each(judge);
-    results.series = Some(crate::results::Series {
-        sweep: Some(report.clone()),
+    let text = crate::export::text::sweep::render_text(&report);
+    let series = crate::results::Series {
+        sweep: Some(report),
         ..Default::default()
-    });
-    finish(
-        settings,
-        out_dir,
-        "sweep",
-        results,
-        failed,
-        &report,
-        &crate::export::text::sweep::render_text(&report),
-    )
+    };
+    finish(settings, out_dir, "sweep", results, series, failed, &text)
 }

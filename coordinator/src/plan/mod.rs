@@ -159,6 +159,20 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
     parse(&text, path)
 }
 
+/// A plan's name as it goes into a file or run id: letters, digits and `-` kept, anything else
+/// `_`.
+pub fn file_safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The text of the plan file at `path`, read as `load` reads it.
 pub fn read_plan_text(path: &Path) -> Result<String, PlanError> {
     limits::read_text_file(path, MAX_TEXT_FILE, "plan").map_err(|source| PlanError::Read {

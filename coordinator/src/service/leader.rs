@@ -269,17 +269,7 @@ pub async fn submit(endpoints: &[String], prefix: &str, plan: &Path) -> anyhow::
     let text = crate::plan::read_plan_text(plan)?;
     // Refuse a bad plan here, with its line, rather than in the leader's log.
     let parsed = crate::plan::load(plan)?;
-    let stem: String = parsed
-        .name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let stem = crate::plan::file_safe_name(&parsed.name);
     let run_id = format!("{}-{stem}", now_ms());
     let mut state = RunState {
         run_id: run_id.clone(),

@@ -808,6 +808,10 @@ impl Persistence {
 struct FirstPass {
     flags: Vec<Vec<u8>>,
     degraded_count: Vec<Vec<u32>>,
+    /// Per role and interval, the most degraded volumes on any one node of the role (0 when the
+    /// role is on one node): a node-level limit degrades all of one node's volumes together,
+    /// which is not the cluster.
+    node_degraded: Vec<Vec<u32>>,
     depth_ratios: Vec<f64>,
 }
 
@@ -816,17 +820,34 @@ fn first_pass(t: &Timeline, lay: &Layout, peers: &Peers, opts: &AnalysisOptions)
     let mut fp = FirstPass {
         flags: Vec::with_capacity(t.volumes.len()),
         degraded_count: vec![vec![0; n]; lay.roles.len()],
+        node_degraded: vec![vec![0; n]; lay.roles.len()],
         depth_ratios: Vec::new(),
     };
+    // Degraded volumes per (role, node) and interval, for roles on several nodes.
+    let mut per_node: HashMap<(usize, &str), Vec<u32>> = HashMap::new();
+    let mut nodes_of_role: Vec<std::collections::HashSet<&str>> =
+        vec![Default::default(); lay.roles.len()];
+    for (v, s) in t.volumes.iter().enumerate() {
+        nodes_of_role[lay.role_of[v]].insert(s.node.as_str());
+    }
     let (mut buf, mut dist_buf) = (Vec::new(), Vec::new());
     for (v, s) in t.volumes.iter().enumerate() {
         let h = own_history(s, lay, opts, &mut buf);
         let r = lay.role_of[v];
         let sigmas = peers.spread[r].sigmas(opts);
         let f = volume_flags(s, h, &peers.roles[r], sigmas, lay, opts, &mut dist_buf);
-        for (count, &x) in fp.degraded_count[r].iter_mut().zip(&f) {
+        let mut on_node = (nodes_of_role[r].len() >= 2).then(|| {
+            per_node
+                .entry((r, s.node.as_str()))
+                .or_insert_with(|| vec![0; n])
+        });
+        for (i, (count, &x)) in fp.degraded_count[r].iter_mut().zip(&f).enumerate() {
             // Degraded or flagged.
-            *count += (x & !PRESENT != 0) as u32;
+            let bad = (x & !PRESENT != 0) as u32;
+            *count += bad;
+            if let Some(c) = on_node.as_mut() {
+                c[i] += bad;
+            }
         }
         if s.configured_depth > 0 && !dist_buf.is_empty() {
             // The same pass over the points summed the outstanding IOs (see `volume_flags`).
@@ -835,6 +856,11 @@ fn first_pass(t: &Timeline, lay: &Layout, peers: &Peers, opts: &AnalysisOptions)
                 .push(out_sum / dist_buf.len() as f64 / s.configured_depth as f64);
         }
         fp.flags.push(f);
+    }
+    for ((r, _), counts) in per_node {
+        for (most, c) in fp.node_degraded[r].iter_mut().zip(counts) {
+            *most = (*most).max(c);
+        }
     }
     fp
 }
@@ -875,6 +901,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
     let FirstPass {
         flags,
         degraded_count,
+        node_degraded,
         depth_ratios,
     } = first_pass(t, &lay, &peers, opts);
 
@@ -882,7 +909,7 @@ pub fn analyze(t: &Timeline, opts: &AnalysisOptions) -> ChokepointReport {
         neutral,
         episodes: cluster_eps,
         all: cluster_all,
-    } = cluster_guard(&lay, &peers, &degraded_count, opts);
+    } = cluster_guard(&lay, &peers, &degraded_count, &node_degraded, opts);
 
     let tracks = score_volumes(&lay, &flags, &neutral, threshold);
 
@@ -1049,6 +1076,7 @@ fn cluster_guard(
     lay: &Layout,
     peers: &Peers,
     degraded_count: &[Vec<u32>],
+    node_degraded: &[Vec<u32>],
     opts: &AnalysisOptions,
 ) -> ClusterGuard {
     let n = lay.intervals;
@@ -1064,8 +1092,15 @@ fn cluster_guard(
         let base = role_history(&medians, opts);
         let marks: Vec<bool> = (0..n)
             .map(|i| {
-                let c = degraded_count[r][i];
-                let active = role_stats[i].iops.n;
+                // The one node with the most degraded volumes does not count: a node-level
+                // limit is the node's (its verdict comes later), not the cluster's.
+                let one_node = if node_degraded[r][i] >= 2 {
+                    node_degraded[r][i]
+                } else {
+                    0
+                };
+                let c = degraded_count[r][i] - one_node;
+                let active = (role_stats[i].iops.n as u32).saturating_sub(one_node);
                 let many = c >= 2 && c as f64 > opts.cluster_fraction * active as f64;
                 let slow = base.is_some_and(|(b, from)| {
                     i >= from && medians[i] > opts.cluster_latency_factor * b
