@@ -1,6 +1,8 @@
 //! lockstep-agent: runs fio-equivalent workloads on the volumes of one node.
 //!
-//! Map of the crate, one module per concept:
+//! Map of the crate, one module per concept. The job model, job files, limits, stats, reports,
+//! `confine` and `registry` are shared with the coordinator and live in `lockstep-core`
+//! (`core/src/`); they are re-exported here at their old paths.
 //! - `job`: a job's options, typed, with fio's meanings and defaults (the contract between parts);
 //! - `units`: fio's number syntax (`4k`, `1g`, `10%`, `30s`);
 //! - `jobfile`: fio job files (INI, `[global]`, `include`, `${ENV}`) into `JobSpec`s, with errors
@@ -26,22 +28,20 @@
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
 
+// Shared with the coordinator, in `lockstep-core` (`core/src/`); re-exported at their old paths.
+pub use lockstep_core::{confine, job, jobfile, limits, registry, report, stats, units};
+
 pub mod budget;
-pub mod confine;
 pub mod daemon;
 pub mod engine;
 pub mod fault;
-pub mod job;
-pub mod jobfile;
 pub mod layout;
-pub mod limits;
 pub mod progress;
 pub mod rate;
-pub mod registry;
-pub mod report;
 pub mod runner;
 pub mod standalone;
-pub mod stats;
-pub mod units;
 pub mod verify;
 pub mod workload;
+
+#[cfg(test)]
+mod jobfile_fuzz;

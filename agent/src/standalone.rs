@@ -9,6 +9,7 @@ use crate::jobfile;
 use crate::progress::{self, LayoutBar};
 use crate::report::{RunReport, fio_json, normal};
 use crate::runner::{self, RunOptions};
+pub use lockstep_core::atomic_file::write_atomically;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
@@ -192,50 +193,4 @@ pub fn render(report: &RunReport, format: OutputFormat) -> String {
         OutputFormat::Normal => normal::render(report),
         OutputFormat::Json => fio_json::to_string(report),
     }
-}
-
-/// Writes to a temporary file beside `path` and renames it into place, so a reader never sees
-/// half a report and an existing report is not destroyed by a failed write. A character device
-/// or FIFO at `path` is written into instead (renaming over `/dev/null` would break the host);
-/// any other non-regular file is refused. The temporary file is created new (`O_EXCL`), never
-/// through a link someone left in its place.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    if let Ok(m) = std::fs::metadata(path) {
-        let t = m.file_type();
-        if t.is_char_device() || t.is_fifo() {
-            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-            return f.write_all(bytes);
-        }
-        if !t.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is not a regular file; lockstep never replaces it",
-                    path.display()
-                ),
-            ));
-        }
-    }
-    let dir = parent_dir(path);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }

@@ -1,7 +1,8 @@
 //! Fuzzing the agent's gRPC service: the real daemon (`daemon::serve`) in this process on a
 //! real socket (127.0.0.1:0), driven by sequences of calls with arbitrary field values:
 //! garbage and generated job text, huge numbers, empty strings, wrong tokens and versions,
-//! bogus fault JSON, and calls out of order (start before prepare, prepare twice, abort or
+//! typed faults with hostile fields (unknown enum values, no kind, NaN, u64::MAX), and calls
+//! out of order (start before prepare, prepare twice, abort or
 //! attach of unknown runs).
 //!
 //! Why: the agent runs on production hosts and takes its work from the network, so no request
@@ -30,12 +31,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockstep_agent::daemon::{self, DaemonConfig, VolumeConfig};
-use lockstep_agent::fault::{FaultKind, FaultSpec};
+use lockstep_agent::fault::FaultSpec;
 use lockstep_proto::PROTOCOL_VERSION;
 use lockstep_proto::v1::agent_client::AgentClient;
+use lockstep_proto::v1::fault::Kind;
+use lockstep_proto::v1::latency_fault::Distribution;
 use lockstep_proto::v1::{
-    AbortRequest, AttachRequest, ClockProbeRequest, HelloRequest, PrepareRequest, StartRequest,
-    VolumeWork,
+    AbortRequest, AttachRequest, ClockProbeRequest, ExponentialDelay, Fault, HelloRequest,
+    PrepareRequest, StallFault, StartRequest, UniformDelay, VolumeWork,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -383,7 +386,153 @@ fn job_text(vol: String) -> impl Strategy<Value = String> {
     ]
 }
 
-/// A fault as JSON: a valid one of a kind that is safe to run in this process, then mutated.
+/// A fault as the coordinator sends it (`lockstep_proto::v1::Fault`): a valid one of a kind
+/// that is safe to run in this process, then mutated field by field (hostile numbers, unknown
+/// enum values, a missing `kind` or distribution), or one decoded from hostile JSON spec text.
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        3 => typed_fault(),
+        2 => fault_json().prop_map(|json| match serde_json::from_str::<FaultSpec>(&json) {
+            Ok(spec) => Fault::from(&spec),
+            // Not a spec at all: the message with no kind stands for it.
+            Err(_) => Fault::default(),
+        }),
+    ]
+    .prop_map(|f| match &f.kind {
+        // Never a fault that stops or kills this very process, or throttles the host's disk.
+        Some(Kind::Kill(_) | Kind::Pause(_) | Kind::KernelThrottle(_)) => Fault {
+            kind: Some(Kind::Stall(StallFault {})),
+            ..f
+        },
+        _ => f,
+    })
+}
+
+/// Hostile values for the typed fields of a `Fault`.
+#[derive(Debug, Clone)]
+enum Edit {
+    NoKind,
+    AtMs(u64),
+    DurationMs(Option<u64>),
+    /// Every u64 field of the kind (sizes, caps, IOPS, microseconds).
+    Count(Option<u64>),
+    /// Every f64 field of the kind (fractions, time scale).
+    Real(f64),
+    /// Every enum field of the kind (volume type, direction), raw.
+    Enum(i32),
+    /// A latency fault's distribution replaced or removed.
+    Distribution(Option<Distribution>),
+}
+
+fn typed_fault() -> impl Strategy<Value = Fault> {
+    let templates: Vec<Fault> = [
+        r#"{"kind":"stall","at_ms":100,"duration_ms":100}"#,
+        r#"{"kind":"latency","at_ms":0,"add_us":1000,"fraction":0.5}"#,
+        r#"{"kind":"latency","distribution":{"type":"uniform","min_us":10,"max_us":2000}}"#,
+        r#"{"kind":"eio","fraction":0.1,"direction":"write"}"#,
+        r#"{"kind":"drop_writes","fraction":0.5}"#,
+        r#"{"kind":"iops_cap","total":100}"#,
+        r#"{"kind":"bw_cap","read_bytes_per_s":1000000}"#,
+        r#"{"kind":"ebs","volume_type":"gp2","size_gib":60,"time_scale":100}"#,
+        r#"{"kind":"ebs","volume_type":"io2","size_gib":100,"provisioned_iops":1000}"#,
+        r#"{"kind":"cut_off","at_ms":50,"duration_ms":300}"#,
+        r#"{"kind":"exec","start":"true"}"#,
+    ]
+    .iter()
+    .map(|j| Fault::from(&serde_json::from_str::<FaultSpec>(j).expect("template")))
+    .collect();
+    let count = prop_oneof![
+        Just(None),
+        Just(Some(0u64)),
+        Just(Some(u64::MAX)),
+        Just(Some(1u64 << 53)),
+        any::<u64>().prop_map(Some),
+    ];
+    let real = prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(-0.0),
+        Just(0.0),
+        Just(1.0000001),
+        Just(5e-324),
+        Just(1e308),
+        any::<f64>(),
+    ];
+    let edit = prop_oneof![
+        1 => Just(Edit::NoKind),
+        1 => any::<u64>().prop_map(Edit::AtMs),
+        1 => prop_oneof![Just(None), any::<u64>().prop_map(Some)].prop_map(Edit::DurationMs),
+        3 => count.prop_map(Edit::Count),
+        3 => real.prop_map(Edit::Real),
+        2 => prop_oneof![Just(0), Just(1), Just(7), Just(-1), any::<i32>()].prop_map(Edit::Enum),
+        1 => prop_oneof![
+            Just(None),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(min_us, max_us)| Some(Distribution::Uniform(UniformDelay {
+                    min_us,
+                    max_us
+                }))),
+            any::<u64>().prop_map(|mean_us| Some(Distribution::Exponential(ExponentialDelay {
+                mean_us
+            }))),
+        ]
+        .prop_map(Edit::Distribution),
+    ];
+    (
+        prop::sample::select(templates),
+        prop::collection::vec(edit, 0..3),
+    )
+        .prop_map(|(mut f, edits)| {
+            for e in edits {
+                apply_edit(&mut f, e);
+            }
+            f
+        })
+}
+
+fn apply_edit(f: &mut Fault, e: Edit) {
+    match e {
+        Edit::NoKind => f.kind = None,
+        Edit::AtMs(v) => f.at_ms = v,
+        Edit::DurationMs(v) => f.duration_ms = v,
+        Edit::Count(v) => match &mut f.kind {
+            Some(Kind::IopsCap(c)) => (c.read, c.write, c.total) = (v, v, v),
+            Some(Kind::BwCap(c)) => {
+                (c.read_bytes_per_s, c.write_bytes_per_s, c.total_bytes_per_s) = (v, v, v)
+            }
+            Some(Kind::Ebs(e)) => {
+                e.size_gib = v.unwrap_or(0);
+                (e.provisioned_iops, e.provisioned_mib_s) = (v, v);
+            }
+            Some(Kind::Latency(l)) => l.add_us = v,
+            Some(Kind::Exec(x)) => x.timeout_ms = v,
+            _ => {}
+        },
+        Edit::Real(v) => match &mut f.kind {
+            Some(Kind::Ebs(e)) => (e.time_scale, e.initial_credit_fraction) = (v, Some(v)),
+            Some(Kind::Latency(l)) => l.fraction = v,
+            Some(Kind::Eio(x)) => x.fraction = v,
+            Some(Kind::DropWrites(d)) => d.fraction = v,
+            _ => {}
+        },
+        Edit::Enum(v) => match &mut f.kind {
+            Some(Kind::Ebs(e)) => e.volume_type = v,
+            Some(Kind::Latency(l)) => l.direction = v,
+            Some(Kind::Eio(x)) => x.direction = v,
+            _ => {}
+        },
+        Edit::Distribution(d) => {
+            if let Some(Kind::Latency(l)) = &mut f.kind {
+                l.distribution = d;
+            }
+        }
+    }
+}
+
+/// Fault spec text as a plan's table gives it: a valid one, then with fields removed or set
+/// to hostile JSON values (what the coordinator's plan parser lets through is what can reach
+/// the wire).
 fn fault_json() -> impl Strategy<Value = String> {
     let templates = vec![
         r#"{"kind":"stall","at_ms":100,"duration_ms":100}"#,
@@ -456,28 +605,7 @@ fn fault_json() -> impl Strategy<Value = String> {
             }
             v.to_string()
         });
-    prop_oneof![
-        6 => mutated,
-        1 => "\\PC{0,40}",
-        1 => prop::sample::select(vec![
-            "", "{", "null", "[]", "{}", "{\"kind\":\"nope\"}", "{\"kind\":5}", "\"stall\"",
-            "{\"kind\":\"stall\",\"kind\":\"eio\"}", "{\"kind\":\"stall\",\"at_ms\":1e400}",
-        ])
-        .prop_map(str::to_string),
-        1 => (1usize..2000).prop_map(|n| format!("{}{}", "[".repeat(n), "]".repeat(n))),
-    ]
-    .prop_map(|json| match serde_json::from_str::<FaultSpec>(&json) {
-        // Never a fault that stops or kills this very process, or throttles the host's disk.
-        Ok(spec)
-            if matches!(
-                spec.kind,
-                FaultKind::Kill(_) | FaultKind::Pause(_) | FaultKind::KernelThrottle(_)
-            ) =>
-        {
-            r#"{"kind":"stall"}"#.to_string()
-        }
-        _ => json,
-    })
+    mutated
 }
 
 fn overrides() -> impl Strategy<Value = HashMap<String, String>> {
@@ -536,18 +664,16 @@ fn work_with(text: impl Strategy<Value = String>) -> impl Strategy<Value = Volum
         overrides(),
         prop_oneof![
             3 => Just(Vec::new()),
-            2 => prop::collection::vec(fault_json(), 1..4),
+            2 => prop::collection::vec(fault(), 1..4),
         ],
     )
-        .prop_map(
-            |(volume, role, jobfile, overrides, faults_json)| VolumeWork {
-                volume,
-                role,
-                jobfile,
-                overrides,
-                faults_json,
-            },
-        )
+        .prop_map(|(volume, role, jobfile, overrides, faults)| VolumeWork {
+            volume,
+            role,
+            jobfile,
+            overrides,
+            faults,
+        })
 }
 
 /// One call of a sequence.
@@ -937,16 +1063,14 @@ fn runs_with_hostile_work() {
                     prop::sample::select(vec!["data", "file"]),
                     mostly_valid_job_text(vol.clone()),
                     prop_oneof![2 => Just(HashMap::new()), 1 => overrides()],
-                    prop::collection::vec(fault_json(), 0..3),
+                    prop::collection::vec(fault(), 0..3),
                 )
-                    .prop_map(|(volume, jobfile, overrides, faults_json)| {
-                        VolumeWork {
-                            volume: volume.to_string(),
-                            role: "r".to_string(),
-                            jobfile,
-                            overrides,
-                            faults_json,
-                        }
+                    .prop_map(|(volume, jobfile, overrides, faults)| VolumeWork {
+                        volume: volume.to_string(),
+                        role: "r".to_string(),
+                        jobfile,
+                        overrides,
+                        faults,
                     }),
                 1..3,
             ),
@@ -976,5 +1100,67 @@ fn runs_with_hostile_work() {
                 calls.extend(rest);
                 calls
             })
+    });
+}
+
+/// The typed fault on the wire is validated on receipt: a malformed one is refused at Prepare
+/// with the volume, the fault's position and the field named, and nothing is prepared.
+#[test]
+fn malformed_faults_are_refused_naming_the_field() {
+    let h = Harness::start();
+    let valid = Fault::from(
+        &serde_json::from_str::<FaultSpec>(r#"{"kind":"stall","at_ms":10,"duration_ms":10}"#)
+            .expect("spec"),
+    );
+    let bad_type = Fault::from(
+        &serde_json::from_str::<FaultSpec>(r#"{"kind":"ebs","volume_type":"gp2","size_gib":60}"#)
+            .expect("spec"),
+    );
+    let mut bad_type = bad_type;
+    if let Some(Kind::Ebs(e)) = &mut bad_type.kind {
+        e.volume_type = 42;
+    }
+    let cases = [
+        (Fault::default(), "fault 2 (?): kind is missing"),
+        (bad_type, "fault 2 (ebs): volume_type is 42"),
+        (
+            Fault {
+                kind: Some(Kind::DropWrites(lockstep_proto::v1::DropWritesFault {
+                    fraction: f64::NAN,
+                })),
+                ..Fault::default()
+            },
+            "fault 2 (drop_writes): fraction",
+        ),
+    ];
+    h.rt.block_on(async {
+        let mut client = h.client().await;
+        for (i, (bad, expected)) in cases.into_iter().enumerate() {
+            let req = PrepareRequest {
+                protocol_version: PROTOCOL_VERSION,
+                run_id: format!("bad-fault-{i}"),
+                work: vec![VolumeWork {
+                    volume: "data".to_string(),
+                    role: "r".to_string(),
+                    jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".to_string(),
+                    overrides: HashMap::new(),
+                    faults: vec![valid.clone(), bad],
+                }],
+                interval_ms: 1000,
+                keep_files: false,
+            };
+            let reply = client
+                .prepare(request(req, &Token::Right))
+                .await
+                .expect("a refusal is a reply")
+                .into_inner();
+            assert!(
+                reply
+                    .error
+                    .starts_with(&format!("volume 'data': {expected}")),
+                "{expected:?} in {:?}",
+                reply.error
+            );
+        }
     });
 }

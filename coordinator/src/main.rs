@@ -28,7 +28,7 @@ enum Command {
     Coordinator {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         /// This coordinator's name (default: the hostname).
         #[arg(long)]
@@ -50,7 +50,7 @@ enum Command {
         plan: PathBuf,
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         /// Wait for the run to end; exit 0 completed, 1 partial or aborted, 2 failed.
         #[arg(long)]
@@ -60,7 +60,7 @@ enum Command {
     Runs {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         #[arg(long)]
         json: bool,
@@ -81,7 +81,7 @@ enum Command {
     Agents {
         #[arg(long, env = "LOCKSTEP_ETCD", value_name = "URL[,URL...]")]
         etcd: String,
-        #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+        #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
         #[arg(long)]
         json: bool,
@@ -152,7 +152,7 @@ struct RunCli {
     )]
     etcd: Option<String>,
     /// The registry's key prefix in etcd.
-    #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
+    #[arg(long, default_value = lockstep_core::registry::DEFAULT_PREFIX)]
     etcd_prefix: String,
 }
 
@@ -164,7 +164,7 @@ impl RunCli {
                 allow_exec: self.allow_exec,
             },
             (None, Some(etcd)) => AgentSource::Registry {
-                endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
+                endpoints: lockstep_core::registry::parse_endpoints(&etcd),
                 prefix: self.etcd_prefix,
             },
             (None, None) => AgentSource::Listed(self.agents),
@@ -200,7 +200,7 @@ struct TlsArgs {
 
 impl TlsArgs {
     fn apply(self) -> anyhow::Result<()> {
-        use lockstep_agent::daemon::tls::TlsFiles;
+        use lockstep_core::tls::TlsFiles;
         if let Some(files) = TlsFiles::from_flags(self.tls_cert, self.tls_key, self.tls_ca)? {
             lockstep::orchestrate::client::use_tls(&files)?;
         }
@@ -265,9 +265,9 @@ fn main() -> ExitCode {
         } => tls.apply().and_then(|()| {
             lockstep::service::leader::coordinator_command(
                 lockstep::service::leader::CoordinatorOptions {
-                    endpoints: lockstep_agent::registry::parse_endpoints(&etcd),
+                    endpoints: lockstep_core::registry::parse_endpoints(&etcd),
                     prefix: etcd_prefix,
-                    name: name.unwrap_or_else(lockstep_agent::daemon::hostname),
+                    name: name.unwrap_or_else(lockstep_core::host::hostname),
                     runs_dir,
                     leader_ttl,
                     token,
@@ -280,7 +280,7 @@ fn main() -> ExitCode {
             etcd_prefix,
             wait,
         } => lockstep::service::leader::submit_command(
-            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &lockstep_core::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             &plan,
             wait,
@@ -290,7 +290,7 @@ fn main() -> ExitCode {
             etcd_prefix,
             json,
         } => lockstep::service::leader::runs_command(
-            &lockstep_agent::registry::parse_endpoints(&etcd),
+            &lockstep_core::registry::parse_endpoints(&etcd),
             &etcd_prefix,
             json,
         ),

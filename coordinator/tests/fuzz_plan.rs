@@ -6,7 +6,8 @@
 //! plan file and the line or the field (`role 'db': workload`), never a panic or a hang. The
 //! property, for every case: `parse` returns in bounded time, with a plan or with such an error;
 //! a plan that parses is also resolved against local agents (the step before any agent is
-//! contacted), with the same property.
+//! contacted), with the same property, and its faults, encoded as the protocol's typed `Fault`
+//! messages, decode and validate on the agent's side into the specs the plan built.
 //!
 //! For a long run: `PROPTEST_CASES=20000 cargo test -p lockstep --test fuzz_plan`.
 
@@ -155,15 +156,29 @@ fn check(text: &str, origin: &Path) {
         Err(e) => check_error(e, text, origin),
         Ok(p) => {
             let resolved = plan::resolve(p, &agents());
-            if let Err(e) = &resolved {
+            match &resolved {
                 // Resolve errors are about agents and volumes, which need not be on a line,
                 // but they still name the file and what is wrong.
-                check_error(e, text, &p.origin);
+                Err(e) => check_error(e, text, &p.origin),
+                Ok(a) => check_wire(a),
             }
         }
     }
     let took = start.elapsed();
     assert!(took < CASE_TIME_LIMIT, "parse and resolve took {took:?}");
+}
+
+/// Every fault of a plan that parsed and resolved goes on the wire as a typed message that the
+/// agent's decoder (`lockstep_core::fault::wire::from_wire`) accepts and turns back into the
+/// very spec the plan built: what the plan refuses nothing downstream has to.
+fn check_wire(a: &plan::Assignment) {
+    for (_, v) in a.volumes() {
+        let wire: Vec<_> = v.faults.iter().map(|f| f.wire()).collect();
+        let back = lockstep_core::fault::wire::from_wire(&wire)
+            .unwrap_or_else(|e| panic!("a planned fault the agent refuses: {e}\n{wire:?}"));
+        let sent: Vec<_> = v.faults.iter().map(|f| f.scheduled_spec()).collect();
+        assert_eq!(back, sent, "a fault changed on the wire");
+    }
 }
 
 /// One step of a path into a TOML document.

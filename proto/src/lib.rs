@@ -11,8 +11,9 @@ pub mod v1 {
     tonic::include_proto!("lockstep.v1");
 }
 
-/// Bumped on every incompatible change of `lockstep.proto`.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Bumped on every incompatible change of `lockstep.proto`. 2: faults are typed `Fault`
+/// messages (`VolumeWork.faults`); a v1 peer's `faults_json` would be dropped unread.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The refusal both sides print on version skew.
 pub fn version_mismatch(ours: u32, theirs: u32, who: &str) -> String {

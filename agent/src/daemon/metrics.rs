@@ -4,8 +4,6 @@
 //! so the hot IO path pays nothing for them. Latency buckets are exponential from 1 µs to about
 //! 17 s (factor 2), the range storage latencies live in.
 
-use std::sync::Arc;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,6 +15,7 @@ use super::volume::VolumeConfig;
 use lockstep_proto::v1::VolumeInterval;
 
 use crate::stats::DirStats;
+pub use lockstep_core::metrics::{RenderMetrics, serve};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirLabels {
@@ -165,35 +164,8 @@ impl Metrics {
     }
 }
 
-/// Something that can render Prometheus text (the agent's and the coordinator's metrics).
-pub trait RenderMetrics: Send + Sync + 'static {
-    fn render(&self) -> String;
-}
-
 impl RenderMetrics for Metrics {
     fn render(&self) -> String {
         Metrics::render(self)
-    }
-}
-
-/// Serves `GET /metrics` on `listener` until the process ends.
-pub async fn serve<M: RenderMetrics>(listener: tokio::net::TcpListener, metrics: Arc<M>) {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let m = metrics.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    m.render(),
-                )
-            }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("metrics server stopped: {e}");
     }
 }

@@ -15,7 +15,7 @@ pub mod aggregate;
 pub mod metrics;
 pub mod notify;
 mod run;
-pub mod tls;
+pub use lockstep_core::tls;
 pub mod volume;
 
 use std::collections::BTreeMap;
@@ -26,9 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
-    AbortReply, AbortRequest, AttachRequest, Capabilities, ClockProbeReply, ClockProbeRequest,
-    HelloReply, HelloRequest, PrepareReply, PrepareRequest, RunEvent, StartRequest, Volume,
-    VolumeInterval,
+    AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
+    HelloRequest, PrepareReply, PrepareRequest, RunEvent, StartRequest, Volume, VolumeInterval,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -60,16 +59,7 @@ pub struct DaemonConfig {
     pub allow_exec: bool,
 }
 
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub use lockstep_core::host::hostname;
 
 /// Events of one run, delivered to whoever is attached and kept, so a coordinator that
 /// re-attaches (or a standby that takes over) misses nothing: each event carries a sequence
@@ -456,17 +446,7 @@ impl AgentService {
         for job in &mut jobs {
             vol.confine(job).map_err(|e| e.to_string())?;
         }
-        let faults = work
-            .faults_json
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let spec: FaultSpec = serde_json::from_str(f)
-                    .map_err(|e| format!("volume '{}': fault {}: {e}", work.volume, i + 1))?;
-                Ok(spec)
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        crate::fault::validate_all(&faults)
+        let faults = crate::fault::wire::from_wire(&work.faults)
             .map_err(|e| format!("volume '{}': {e}", work.volume))?;
         for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
             agent_faults::check(f, cfg.allow_exec)
@@ -950,30 +930,6 @@ fn advertised(opts: &ServeOptions, bound: std::net::SocketAddr) -> String {
     }
 }
 
-impl From<crate::registry::RegisteredVolume> for Volume {
-    fn from(v: crate::registry::RegisteredVolume) -> Self {
-        Volume {
-            name: v.name,
-            path: v.path,
-            size_bytes: v.size_bytes,
-            kind: v.kind,
-            provisioned_iops: v.provisioned_iops,
-            provisioned_mib_s: v.provisioned_mib_s,
-        }
-    }
-}
-
-impl From<crate::registry::RegisteredCapabilities> for Capabilities {
-    fn from(c: crate::registry::RegisteredCapabilities) -> Self {
-        Capabilities {
-            io_uring: c.io_uring,
-            engines: c.engines,
-            exec_allowed: c.exec_allowed,
-            block_devices_allowed: c.block_devices_allowed,
-        }
-    }
-}
-
 /// The agent as it describes itself: in etcd's registry and, the same, in its Hello reply.
 fn registration(cfg: &DaemonConfig, address: String, tls: bool) -> crate::registry::Registration {
     use crate::registry::{RegisteredCapabilities, RegisteredVolume, Registration};
@@ -1155,7 +1111,7 @@ mod tests {
                     role: "w".into(),
                     jobfile: jobfile.clone(),
                     overrides: Default::default(),
-                    faults_json: Vec::new(),
+                    faults: Vec::new(),
                 })
                 .collect(),
             interval_ms: 1000,
@@ -1364,7 +1320,7 @@ mod tests {
                     role: "r".into(),
                     jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".into(),
                     overrides: Default::default(),
-                    faults_json: Vec::new(),
+                    faults: Vec::new(),
                 }],
                 interval_ms: 100,
                 keep_files: false,

@@ -32,7 +32,7 @@ pub use crate::results::drill::{
     DrillOptions, DrillReport, DrillTarget, FaultDrill, Percentiles, Recovery, WindowStats,
 };
 
-use lockstep_agent::verify::VerifyReport;
+use lockstep_core::verify::VerifyReport;
 
 use crate::results::hlog::LogEntry;
 use crate::results::timeline::{FaultWindow, Timeline};
@@ -693,7 +693,7 @@ mod tests {
 
     #[test]
     fn finals_give_stuck_ios_and_verification_and_the_report_shows_them() {
-        use lockstep_agent::verify::{Finding, FindingKind};
+        use lockstep_core::verify::{Finding, FindingKind};
         let report = VerifyReport {
             blocks: 10,
             good: 9,

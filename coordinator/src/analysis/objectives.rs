@@ -25,12 +25,12 @@ pub fn evaluate(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
             .unwrap_or_default()
     };
     let lat_value = |s: &crate::results::Summary,
-                     dir: Option<lockstep_agent::job::Direction>,
+                     dir: Option<lockstep_core::job::Direction>,
                      m: Metric|
      -> Option<f64> {
         let d = match dir {
-            Some(lockstep_agent::job::Direction::Read) => &s.read,
-            Some(lockstep_agent::job::Direction::Write) => &s.write,
+            Some(lockstep_core::job::Direction::Read) => &s.read,
+            Some(lockstep_core::job::Direction::Write) => &s.write,
             None => &s.total,
         };
         if d.ios == 0 {
@@ -57,7 +57,7 @@ pub fn evaluate(a: &Assignment, r: &RunResults) -> Vec<ObjectiveResult> {
     };
     let min_rate = |vols: &[&crate::results::timeline::VolumeSeries],
                     bytes: bool,
-                    dir: Option<lockstep_agent::job::Direction>|
+                    dir: Option<lockstep_core::job::Direction>|
      -> Option<f64> {
         let mut per: std::collections::BTreeMap<u64, f64> = Default::default();
         for v in vols {

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use lockstep_core::fault::FaultKind;
 
 use crate::analysis::chokepoint::{self, AnalysisOptions, Verdict};
 use crate::app::live::LiveView;
@@ -167,20 +168,11 @@ async fn discover(
     Ok(out)
 }
 
-/// Checks every fault payload with the agent's own `FaultSpec` before anything starts, so a
-/// typo in a plan is refused with its line rather than by an agent mid-run.
+/// Checks every fault as the agents will receive it (its window as resolved) before anything
+/// starts, so a problem is refused with the plan line rather than by an agent mid-run.
 fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
     for f in &a.faults {
-        let json = f.fault.wire_json();
-        let spec: lockstep_agent::fault::FaultSpec = serde_json::from_str(&json).map_err(|e| {
-            anyhow::anyhow!(
-                "{}:{}: {}: {e}",
-                plan.origin.display(),
-                f.line,
-                f.fault.label
-            )
-        })?;
-        lockstep_agent::fault::validate_all(std::slice::from_ref(&spec)).map_err(|e| {
+        f.fault.scheduled_spec().validate().map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}: {}: {e}",
                 plan.origin.display(),
@@ -195,16 +187,12 @@ fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
 fn model_of(v: &AgentVolume, faults: &[crate::plan::FaultAssignment]) -> Option<VolumeModel> {
     // An emulated EBS volume is judged as that volume type.
     for f in faults {
-        if f.kind == "ebs" {
-            let get = |k: &str| f.spec.get(k);
+        if let FaultKind::Ebs(e) = &f.spec.kind {
             return Some(VolumeModel {
-                kind: get("volume_type")
-                    .and_then(|x| x.as_str())
-                    .unwrap_or("")
-                    .to_string(),
-                size_gib: get("size_gib").and_then(|x| x.as_f64()).unwrap_or(0.0),
-                provisioned_iops: get("provisioned_iops").and_then(|x| x.as_u64()),
-                provisioned_mib_s: get("provisioned_mib_s").and_then(|x| x.as_u64()),
+                kind: e.volume_type.name().to_string(),
+                size_gib: e.size_gib as f64,
+                provisioned_iops: e.provisioned_iops,
+                provisioned_mib_s: e.provisioned_mib_s,
             });
         }
     }
@@ -245,7 +233,7 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
                         role: v.role.clone(),
                         jobfile: v.job_text.clone(),
                         overrides: v.overrides.clone(),
-                        faults_json: v.faults.iter().map(|f| f.wire_json()).collect(),
+                        faults: v.faults.iter().map(|f| f.wire()).collect(),
                         model: model_of(&v.volume, &v.faults),
                         target_iops: v.rate_iops.map(|r| r as f64),
                     })
@@ -262,12 +250,12 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
 pub fn analysis_options(a: &Assignment) -> AnalysisOptions {
     let mut opts = AnalysisOptions::default();
     for (ag, v) in a.volumes() {
-        for f in v.faults.iter().filter(|f| f.kind == "ebs") {
-            if let Some(ts) = f.spec.get("time_scale").and_then(|x| x.as_f64()) {
+        for f in &v.faults {
+            if let FaultKind::Ebs(e) = &f.spec.kind {
                 opts.time_scales.push(chokepoint::VolumeTimeScale {
                     node: ag.agent.clone(),
                     volume: v.volume.name.clone(),
-                    time_scale: ts,
+                    time_scale: e.time_scale,
                 });
             }
         }
@@ -441,7 +429,7 @@ pub(crate) async fn run_resolved(
             "lockstep: metrics on http://{}/metrics",
             listener.local_addr()?
         );
-        tokio::spawn(lockstep_agent::daemon::metrics::serve(listener, m));
+        tokio::spawn(lockstep_core::metrics::serve(listener, m));
     }
     let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
     live.finish();

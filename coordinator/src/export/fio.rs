@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lockstep_agent::report::fio_json;
-use lockstep_agent::stats::{DirStats, latency_histogram};
+use lockstep_core::report::fio_json;
+use lockstep_core::stats::{DirStats, latency_histogram};
 use lockstep_proto::histogram::SparseHistogram;
 use lockstep_proto::v1::DirTotals;
 use serde_json::{Value, json};

@@ -112,7 +112,7 @@ impl CoordinatorMetrics {
     }
 }
 
-impl lockstep_agent::daemon::metrics::RenderMetrics for CoordinatorMetrics {
+impl lockstep_core::metrics::RenderMetrics for CoordinatorMetrics {
     fn render(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -123,7 +123,7 @@ impl lockstep_agent::daemon::metrics::RenderMetrics for CoordinatorMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_agent::daemon::metrics::RenderMetrics;
+    use lockstep_core::metrics::RenderMetrics;
 
     #[test]
     fn renders_the_run_figures() {

@@ -19,7 +19,7 @@ use crate::results::RunResults;
 
 /// Writes `bytes` to `path` via a temporary file in the same directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    lockstep_agent::standalone::write_atomically(path, bytes)
+    lockstep_core::atomic_file::write_atomically(path, bytes)
 }
 
 /// One output format of a finished run: a file of the results directory, made from the

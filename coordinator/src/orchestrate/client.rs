@@ -62,9 +62,7 @@ struct ClientTls {
 /// Dial every agent over mutual TLS with these files: the coordinator's certificate and key,
 /// and the CA the agents' certificates must chain to. The agent's certificate must be issued
 /// for its *name* (as `lockstep certs` does), whatever address it is reached at.
-pub fn use_tls(
-    files: &lockstep_agent::daemon::tls::TlsFiles,
-) -> Result<(), lockstep_agent::daemon::tls::TlsError> {
+pub fn use_tls(files: &lockstep_core::tls::TlsFiles) -> Result<(), lockstep_core::tls::TlsError> {
     let (cert, key, ca) = files.read()?;
     let _ = TLS.set(ClientTls {
         ca: Certificate::from_pem(ca),

@@ -1,6 +1,6 @@
 //! Reading the etcd registry: which agents are alive, with their labels, volumes and versions.
 //!
-//! Agents keep `<prefix>/agents/<name>` under a lease (see `lockstep_agent::registry`); a key
+//! Agents keep `<prefix>/agents/<name>` under a lease (see `lockstep_core::registry`); a key
 //! exists exactly while its agent renews the lease, so one prefix read is the live membership.
 //! `lockstep agents` prints it; `lockstep run --etcd` resolves plans (select by label) against it.
 
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use lockstep_agent::registry::{Registration, agents_prefix, connect_options};
+use lockstep_core::registry::{Registration, agents_prefix, connect_options};
 
 use crate::plan::{AgentInfo, AgentVolume};
 
@@ -46,7 +46,7 @@ pub async fn list(endpoints: &[String], prefix: &str) -> Result<Vec<LiveAgent>, 
     let joined = endpoints.join(",");
     let err = |e| RegistryError::Etcd {
         endpoints: joined.clone(),
-        message: lockstep_agent::registry::etcd_message(&e),
+        message: lockstep_core::registry::etcd_message(&e),
     };
     let limit = Duration::from_secs(5);
     let work = async {
@@ -231,7 +231,7 @@ pub fn render_table(agents: &[LiveAgent]) -> String {
 
 /// `lockstep agents --etcd URL [--json]`.
 pub fn agents_command(etcd: &str, prefix: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let endpoints = lockstep_agent::registry::parse_endpoints(etcd);
+    let endpoints = lockstep_core::registry::parse_endpoints(etcd);
     anyhow::ensure!(
         !endpoints.is_empty(),
         "--etcd: give etcd's client URL, e.g. http://127.0.0.1:2379"
@@ -251,7 +251,7 @@ pub fn agents_command(etcd: &str, prefix: &str, json: bool) -> anyhow::Result<Ex
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_agent::registry::{RegisteredCapabilities, RegisteredVolume};
+    use lockstep_core::registry::{RegisteredCapabilities, RegisteredVolume};
 
     fn reg(name: &str) -> Registration {
         Registration {

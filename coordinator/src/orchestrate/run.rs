@@ -31,8 +31,9 @@ pub struct VolumeWork {
     pub jobfile: String,
     /// Options set on every job (like `--set`).
     pub overrides: BTreeMap<String, String>,
-    /// Faults as JSON `FaultSpec`s with `at_ms`/`duration_ms` relative to the phase start.
-    pub faults_json: Vec<String>,
+    /// Typed faults (core/src/fault/wire.rs) with `at_ms`/`duration_ms` relative to the phase
+    /// start.
+    pub faults: Vec<lockstep_proto::v1::Fault>,
     pub model: Option<VolumeModel>,
     pub target_iops: Option<f64>,
 }
@@ -447,7 +448,7 @@ async fn prepare_all(
                         role: v.role.clone(),
                         jobfile: v.jobfile.clone(),
                         overrides,
-                        faults_json: v.faults_json.clone(),
+                        faults: v.faults.clone(),
                     }
                 })
                 .collect(),

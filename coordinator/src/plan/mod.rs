@@ -28,9 +28,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lockstep_agent::fault::FaultSpec;
-use lockstep_agent::job::Direction;
-use lockstep_agent::limits::{self, MAX_TEXT_FILE, TextFileError};
+use lockstep_core::fault::FaultSpec;
+use lockstep_core::job::Direction;
+use lockstep_core::limits::{self, MAX_TEXT_FILE, TextFileError};
 use toml::Spanned;
 
 pub use duration::{check_whole_millis, format_duration, parse_duration};
@@ -304,10 +304,10 @@ fn jobs_at(
     workload: &Workload,
     over: SweepOver,
     value: u32,
-) -> Result<Vec<lockstep_agent::job::JobSpec>, String> {
+) -> Result<Vec<lockstep_core::job::JobSpec>, String> {
     let w = with_depth(workload, over, value);
     let overrides: Vec<(String, String)> = w.overrides.into_iter().collect();
-    lockstep_agent::jobfile::parse_str(&w.job_text, Path::new("(sweep)"), None, &overrides)
+    lockstep_core::jobfile::parse_str(&w.job_text, Path::new("(sweep)"), None, &overrides)
         .map_err(|e| e.to_string())
 }
 
@@ -516,10 +516,10 @@ pub struct Fault {
     pub target_line: usize,
     /// The FaultSpec tag.
     pub kind: String,
-    /// The FaultSpec as JSON: `kind` and every key of the `[[fault]]` table that is not one of
-    /// lockstep's own (`name`, `at`, `duration`, `phase`, `target`). Already checked with the
-    /// agent's `FaultSpec` (shape and values) when the plan was parsed.
-    pub spec: serde_json::Map<String, serde_json::Value>,
+    /// The typed spec, built once from `kind` and every key of the `[[fault]]` table that is
+    /// not one of lockstep's own (`name`, `at`, `duration`, `phase`, `target`), with its window
+    /// (`at`, `duration`), and validated (shape and values) when the plan was parsed.
+    pub spec: FaultSpec,
 }
 
 /// The volumes a fault applies to: the volumes with work of the agents selected by `agents`,
@@ -1418,7 +1418,7 @@ fn build_fault(
         })?;
         spec.insert(key.clone(), json);
     }
-    check_fault_spec(src, &what, f, &spec, at, duration)?;
+    let spec = fault_spec(src, &what, f, spec, at, duration)?;
     Ok(Fault {
         label: what,
         line: src.line_of(f),
@@ -1507,17 +1507,17 @@ fn check_plan_agents<T>(
     }
 }
 
-/// Checks a fault's payload with the agent's own `FaultSpec` (shape, then values), so a
-/// misspelt field or an impossible volume is refused with the plan line of the key at fault.
-fn check_fault_spec(
+/// Builds a fault's typed `FaultSpec` from its payload and checks it (shape, then values), so
+/// a misspelt field or an impossible volume is refused with the plan line of the key at fault.
+fn fault_spec(
     src: &Source,
     what: &str,
     f: &Spanned<raw::RawFault>,
-    spec: &serde_json::Map<String, serde_json::Value>,
+    spec: serde_json::Map<String, serde_json::Value>,
     at: Duration,
     duration: Option<Duration>,
-) -> Result<(), PlanError> {
-    let mut wire = spec.clone();
+) -> Result<FaultSpec, PlanError> {
+    let mut wire = spec;
     wire.insert("at_ms".to_string(), (at.as_millis() as u64).into());
     if let Some(d) = duration {
         wire.insert("duration_ms".to_string(), (d.as_millis() as u64).into());
@@ -1553,5 +1553,6 @@ fn check_fault_spec(
             .find(|k| f.get_ref().contains_key(*k))
             .unwrap_or("kind");
         located(key, e.to_string())
-    })
+    })?;
+    Ok(parsed)
 }

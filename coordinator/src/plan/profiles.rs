@@ -214,19 +214,19 @@ mod tests {
     fn every_profile_parses_with_the_agents_parser() {
         for p in PROFILES {
             let origin = std::path::PathBuf::from(format!("<profile {}>", p.name));
-            let jobs = lockstep_agent::jobfile::parse_str(p.job, &origin, None, &[])
+            let jobs = lockstep_core::jobfile::parse_str(p.job, &origin, None, &[])
                 .unwrap_or_else(|e| panic!("{}: {e}", p.name));
             assert_eq!(jobs.len(), 1, "{}", p.name);
             assert_eq!(jobs[0].name, p.name);
             // A modest size, so a local run fits on a laptop.
             match jobs[0].size {
-                Some(lockstep_agent::job::Extent::Bytes(b)) => {
+                Some(lockstep_core::job::Extent::Bytes(b)) => {
                     assert!(b <= 512 << 20, "{}", p.name)
                 }
                 other => panic!("{}: size {other:?}", p.name),
             }
         }
-        let oltp = &lockstep_agent::jobfile::parse_str(
+        let oltp = &lockstep_core::jobfile::parse_str(
             get("oltp-8k").unwrap().job,
             "x".as_ref(),
             None,

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use lockstep_core::fault::FaultSpec;
+
 use super::{Fault, Objective, Phase, Plan, PlanError, Selector};
 
 /// An agent of the run, as it described itself (plus the plan's labels for it).
@@ -68,7 +70,7 @@ impl Assignment {
 }
 
 /// One agent's part of the run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentAssignment {
     pub agent: String,
     pub address: String,
@@ -78,7 +80,7 @@ pub struct AgentAssignment {
 }
 
 /// One volume's work: what the agent's `Prepare` needs for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VolumeAssignment {
     pub volume: AgentVolume,
     /// Volumes of one role are peers for the chokepoint finder.
@@ -104,7 +106,7 @@ impl VolumeAssignment {
 }
 
 /// A fault as one volume's agent injects it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FaultAssignment {
     /// Index in the plan's fault schedule (and `Assignment::faults`).
     pub index: usize,
@@ -115,20 +117,22 @@ pub struct FaultAssignment {
     pub at: Duration,
     /// `None`: until the end of the run.
     pub duration: Option<Duration>,
-    /// The FaultSpec as JSON (with `kind`).
-    pub spec: serde_json::Map<String, serde_json::Value>,
+    /// The typed spec the plan built.
+    pub spec: FaultSpec,
 }
 
 impl FaultAssignment {
-    /// The JSON the protocol carries (`VolumeWork.faults_json`): the FaultSpec plus `at_ms` and
-    /// `duration_ms` (absent: until the end of the run).
-    pub fn wire_json(&self) -> String {
-        let mut obj = self.spec.clone();
-        obj.insert("at_ms".to_string(), millis(self.at).into());
-        if let Some(d) = self.duration {
-            obj.insert("duration_ms".to_string(), millis(d).into());
-        }
-        serde_json::Value::Object(obj).to_string()
+    /// The spec as the agent runs it: its window is this assignment's `at` and `duration`
+    /// (absent: until the end of the run).
+    pub fn scheduled_spec(&self) -> FaultSpec {
+        self.spec
+            .clone()
+            .window_ms(millis(self.at), self.duration.map(millis))
+    }
+
+    /// The message the protocol carries (`VolumeWork.faults`).
+    pub fn wire(&self) -> lockstep_proto::v1::Fault {
+        lockstep_proto::v1::Fault::from(&self.scheduled_spec())
     }
 }
 
@@ -137,7 +141,7 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// A fault of the schedule with every volume it hits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScheduledFault {
     pub fault: FaultAssignment,
     /// Plan line of the `[[fault]]`.

@@ -2,6 +2,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lockstep_core::fault::FaultKind;
+
 use super::*;
 
 const ORIGIN: &str = "plans/x.toml";
@@ -236,11 +238,13 @@ fn a_full_plan_parses_into_typed_form() {
     );
     assert_eq!(credits.duration, Some(Duration::from_secs(15)));
     assert_eq!(credits.kind, "ebs");
-    let spec = serde_json::Value::Object(credits.spec.clone());
-    assert_eq!(
-        spec,
-        serde_json::json!({"kind": "ebs", "volume_type": "gp2", "size_gib": 60, "time_scale": 60})
-    );
+    // The typed spec, built once with its window: what the agents receive.
+    let expected: FaultSpec = serde_json::from_value(serde_json::json!(
+        {"kind": "ebs", "at_ms": 17_000, "duration_ms": 15_000,
+         "volume_type": "gp2", "size_gib": 60, "time_scale": 60}
+    ))
+    .unwrap();
+    assert_eq!(credits.spec, expected);
     assert_eq!(plan.faults[1].label, "fault #2");
     assert_eq!(plan.faults[1].duration, None);
 }
@@ -282,10 +286,16 @@ fn a_full_plan_resolves_into_an_assignment() {
         (f.index, f.at, f.kind.as_str()),
         (0, Duration::from_secs(17), "ebs")
     );
-    let wire: serde_json::Value = serde_json::from_str(&f.wire_json()).unwrap();
-    assert_eq!(wire["at_ms"], 17_000);
-    assert_eq!(wire["duration_ms"], 15_000);
-    assert_eq!(wire["volume_type"], "gp2");
+    let wire = f.wire();
+    assert_eq!((wire.at_ms, wire.duration_ms), (17_000, Some(15_000)));
+    let Some(lockstep_proto::v1::fault::Kind::Ebs(ebs)) = &wire.kind else {
+        panic!("an ebs fault on the wire: {wire:?}")
+    };
+    assert_eq!(ebs.volume_type(), lockstep_proto::v1::EbsVolumeType::Gp2);
+    assert_eq!(
+        lockstep_core::fault::wire::from_wire(std::slice::from_ref(&wire)).unwrap(),
+        [f.spec.clone()]
+    );
     assert!(a.agents[0].volumes[0].faults.is_empty());
     assert_eq!(db2.overrides["runtime"], "45s");
     assert_eq!(db2.overrides_for(Duration::from_secs(30))["runtime"], "30s");
@@ -294,8 +304,7 @@ fn a_full_plan_resolves_into_an_assignment() {
     let stall = &a.faults[1];
     assert_eq!(stall.targets.len(), 2);
     assert!(stall.targets.iter().all(|t| t.agent == "stage-1"));
-    let wire: serde_json::Value = serde_json::from_str(&stall.fault.wire_json()).unwrap();
-    assert!(wire.get("duration_ms").is_none());
+    assert_eq!(stall.fault.wire().duration_ms, None);
     assert_eq!(a.agents[2].volumes[1].faults[0].kind, "stall");
     serde_json::to_string(&a).expect("an assignment can be saved with the results");
 }
@@ -955,7 +964,7 @@ fn the_quickstart_is_a_minute_with_a_throttle_on_agent_3() {
     let credits = a
         .faults
         .iter()
-        .find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(60))
+        .find(|f| matches!(&f.fault.spec.kind, FaultKind::Ebs(e) if e.size_gib == 60))
         .unwrap();
     assert_eq!(
         credits.targets,
@@ -967,7 +976,7 @@ fn the_quickstart_is_a_minute_with_a_throttle_on_agent_3() {
     let peers = a
         .faults
         .iter()
-        .find(|f| f.fault.spec.get("size_gib").and_then(|x| x.as_u64()) == Some(1000))
+        .find(|f| matches!(&f.fault.spec.kind, FaultKind::Ebs(e) if e.size_gib == 1000))
         .unwrap();
     assert_eq!(peers.targets.len(), 3);
     let roles: BTreeMap<&str, usize> = a.volumes().fold(BTreeMap::new(), |mut m, (_, v)| {
@@ -1104,7 +1113,10 @@ fn fault_payloads_are_checked_with_the_agents_fault_spec() {
         "at least one must be set",
     );
     let plan = parse_ok(&format!("{base}kind = \"iops_cap\"\ntotal = 200\n"));
-    assert_eq!(plan.faults[0].spec["total"], 200);
+    let FaultKind::IopsCap(cap) = &plan.faults[0].spec.kind else {
+        panic!("{:?}", plan.faults[0].spec)
+    };
+    assert_eq!(cap.total, Some(200));
 }
 
 /// A role `w` on line 2 with `extra` from line 5 on.

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lockstep_agent::job::JobSpec;
-use lockstep_agent::jobfile::{self, JobFileError, Place};
+use lockstep_core::job::JobSpec;
+use lockstep_core::jobfile::{self, JobFileError, Place};
 use toml::Spanned;
 
 use super::raw::{FioOptions, RawWorkload};
@@ -472,7 +472,7 @@ mod tests {
 
 /// A job file or include a plan names: a regular file of bounded size, as the agent reads
 /// its own (so `/dev/zero` or a FIFO is refused, not read until memory runs out or forever).
-fn read_job_file(path: &Path) -> Result<String, lockstep_agent::limits::TextFileError> {
-    use lockstep_agent::limits::{MAX_TEXT_FILE, read_text_file};
+fn read_job_file(path: &Path) -> Result<String, lockstep_core::limits::TextFileError> {
+    use lockstep_core::limits::{MAX_TEXT_FILE, read_text_file};
     read_text_file(path, MAX_TEXT_FILE, "job file")
 }

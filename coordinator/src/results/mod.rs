@@ -303,7 +303,7 @@ pub struct VolumeVerify {
     pub node: String,
     pub volume: String,
     #[serde(flatten)]
-    pub report: lockstep_agent::verify::VerifyReport,
+    pub report: lockstep_core::verify::VerifyReport,
 }
 
 impl RunResults {
@@ -488,7 +488,7 @@ mod tests {
         r.verify.push(VolumeVerify {
             node: "c".into(),
             volume: "data".into(),
-            report: lockstep_agent::verify::VerifyReport {
+            report: lockstep_core::verify::VerifyReport {
                 errors: vec!["stopped before verification".into()],
                 ..Default::default()
             },

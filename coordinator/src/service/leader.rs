@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaderKey, PutOptions, Txn, TxnOp,
 };
-use lockstep_agent::registry::{connect_options, etcd_message};
+use lockstep_core::registry::{connect_options, etcd_message};
 use lockstep_proto::PROTOCOL_VERSION;
 use lockstep_proto::v1::AbortRequest;
 use serde::{Deserialize, Serialize};
@@ -368,7 +368,7 @@ pub async fn serve(
     });
     let me = LeaderInfo {
         name: opts.name.clone(),
-        hostname: lockstep_agent::daemon::hostname(),
+        hostname: lockstep_core::host::hostname(),
         pid: std::process::id(),
         since_unix_ms: 0,
     };

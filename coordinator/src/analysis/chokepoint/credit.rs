@@ -1,46 +1,24 @@
-//! Burst-credit models of the EBS volume kinds that can run out of credits (gp2, st1, sc1), with
-//! the numbers and sources of docs/domain.md (#gp2, #st1-sc1), and the forecast of when a
-//! volume's credits run out at its measured demand.
+//! Burst-credit models of the EBS volume kinds that can run out of credits (gp2, st1, sc1), and
+//! the forecast of when a volume's credits run out at its measured demand. The numbers are the
+//! one EBS model's (`core/src/fault/ebs.rs`, the agent's `ebs` fault runs the same), with their
+//! sources in docs/domain.md (#gp2, #st1-sc1); here they are replayed over measured intervals.
 //!
 //! The forecast is what turns the gp2 field scenario (docs/domain.md#gp2-credit-exhaustion)
 //! from a post-mortem into a warning: a 60 GiB gp2 volume doing 3,000 IOPS drains its 5.4M
 //! credits at 3,000 - 180 per second and hits its 180 IOPS baseline after 5.4M / 2,820 =
 //! 1,914.9 s, whatever its peers do.
 
+use lockstep_core::fault::ebs::{self, EbsModel};
 use serde::{Deserialize, Serialize};
 
 use crate::results::chokepoint::trim_float;
 
 use crate::results::timeline::{VolumeModel, VolumePoint};
 
-/// gp2 bucket size in IO credits (one credit pays for one IO of up to 256 KiB).
-pub const GP2_BUCKET: f64 = 5_400_000.0;
-/// gp2 burst ceiling below 1 TiB.
-pub const GP2_BURST_IOPS: f64 = 3_000.0;
-const GP2_IO_CREDIT_BYTES: f64 = 256.0 * 1024.0;
-const MIB: f64 = 1024.0 * 1024.0;
+pub use lockstep_core::fault::ebs::{CreditUnit, GP2_BURST_IOPS, GP2_CREDITS as GP2_BUCKET};
+
 /// A balance below this fraction of the bucket counts as empty.
 const EMPTY_FRACTION: f64 = 0.01;
-
-/// What a model's credits count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CreditUnit {
-    /// gp2: IO credits; rates are IOPS (an IO above 256 KiB costs one credit per 256 KiB).
-    Io,
-    /// st1/sc1: MiB of throughput credits; rates are MiB/s (an IO of 1 MiB or less costs 1 MiB).
-    Mib,
-}
-
-impl CreditUnit {
-    /// The rate unit, for reports.
-    pub fn rate_name(self) -> &'static str {
-        match self {
-            CreditUnit::Io => "IOPS",
-            CreditUnit::Mib => "MiB/s",
-        }
-    }
-}
 
 /// A volume's credit bucket: it refills at `baseline`, can be spent at up to `burst`, holds
 /// `bucket` and starts full (EBS volumes start with a full bucket; the forecast assumes the run
@@ -60,46 +38,15 @@ impl CreditModel {
     /// (gp3, io1/io2, local, unknown) or its baseline already reaches its burst ceiling (gp2 of
     /// 1 TiB and more: 3 IOPS/GiB x 1,000 GiB = 3,000, it never runs out).
     pub fn for_volume(m: &VolumeModel) -> Option<CreditModel> {
-        let kind = m.kind.to_ascii_lowercase();
-        let size = m.size_gib;
-        if size.is_nan() || size <= 0.0 {
-            return None;
-        }
-        let tib = size / 1024.0;
-        let (unit, baseline, burst, bucket) = match kind.as_str() {
-            "gp2" => (
-                CreditUnit::Io,
-                (3.0 * size).clamp(100.0, 16_000.0),
-                GP2_BURST_IOPS,
-                GP2_BUCKET,
-            ),
-            // st1: 40 MiB/s per TiB baseline, 250 per TiB burst, both capped at 500; a bucket
-            // of 1 TiB of credits per TiB.
-            "st1" => (
-                CreditUnit::Mib,
-                (40.0 * tib).min(500.0),
-                (250.0 * tib).min(500.0),
-                tib * MIB,
-            ),
-            // sc1: 12 MiB/s per TiB (cap 192), burst 80 per TiB (cap 250), same bucket form.
-            "sc1" => (
-                CreditUnit::Mib,
-                (12.0 * tib).min(192.0),
-                (80.0 * tib).min(250.0),
-                tib * MIB,
-            ),
-            _ => return None,
-        };
-        if baseline >= burst {
-            return None;
-        }
+        let model =
+            EbsModel::for_kind(&m.kind, m.size_gib, m.provisioned_iops, m.provisioned_mib_s)?;
         Some(CreditModel {
-            kind,
-            size_gib: size,
-            unit,
-            baseline,
-            burst,
-            bucket,
+            kind: model.volume_type.name().to_string(),
+            size_gib: model.size_gib,
+            unit: model.credit_unit(),
+            baseline: model.baseline_units_per_s,
+            burst: model.burst_units_per_s,
+            bucket: model.credit_capacity_units?,
         })
     }
 
@@ -112,10 +59,7 @@ impl CreditModel {
         let secs = p.len_ms as f64 / 1000.0;
         let ios = (p.ios[0] + p.ios[1]) as f64;
         let bytes = (p.bytes[0] + p.bytes[1]) as f64;
-        match self.unit {
-            CreditUnit::Io => ios.max(bytes / GP2_IO_CREDIT_BYTES) / secs,
-            CreditUnit::Mib => (bytes / MIB).max(ios) / secs,
-        }
+        self.unit.demand(ios, bytes, secs)
     }
 
     /// Real seconds until `balance` credits run out at `demand` credits/s, with the volume model
@@ -123,8 +67,7 @@ impl CreditModel {
     /// refills the bucket `time_scale` times per real second). `None` when the demand does not
     /// exceed the baseline: the bucket then never empties.
     pub fn seconds_to_empty(&self, balance: f64, demand: f64, time_scale: f64) -> Option<f64> {
-        let drain = (demand.min(self.burst) - self.baseline) * time_scale.max(f64::MIN_POSITIVE);
-        (drain > 0.0).then(|| balance.max(0.0) / drain)
+        ebs::seconds_to_empty(self.baseline, self.burst, balance, demand, time_scale)
     }
 
     /// "60 GiB gp2", for reports.
@@ -257,7 +200,7 @@ mod tests {
         let st1 = none("st1", 2048.0).unwrap();
         assert_eq!(
             (st1.baseline, st1.burst, st1.bucket),
-            (80.0, 500.0, 2.0 * MIB)
+            (80.0, 500.0, 2.0 * 1024.0 * 1024.0)
         );
         let sc1 = none("SC1", 1024.0).unwrap();
         assert_eq!((sc1.baseline, sc1.burst), (12.0, 80.0));

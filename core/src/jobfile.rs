@@ -179,8 +179,9 @@ pub fn parse_str(
     })
 }
 
-/// `parse_str` with the environment given, so tests need not mutate the process environment.
-fn parse_with_env(
+/// `parse_str` with the environment given, so tests need not mutate the process environment
+/// (public for the agent's fuzz test, `agent/src/jobfile_fuzz.rs`).
+pub fn parse_with_env(
     text: &str,
     origin: &Path,
     include_base: Option<&Path>,
@@ -708,7 +709,7 @@ fn apply_option(
 }
 
 /// Options lockstep implements, by fio name. Aliases are in `canonical`.
-const SUPPORTED: &[&str] = &[
+pub const SUPPORTED: &[&str] = &[
     "name",
     "description",
     "filename",
@@ -761,11 +762,11 @@ const SUPPORTED: &[&str] = &[
 
 /// lockstep's own options (not fio's): `stuck_timeout` lists IOs slower than it (fio issue
 /// #2012 proposes the same name).
-const LOCKSTEP_ONLY: &[&str] = &["stuck_timeout"];
+pub const LOCKSTEP_ONLY: &[&str] = &["stuck_timeout"];
 
 /// Options accepted and ignored because they do not change the IO issued or what is measured
 /// (each is justified in docs/fio-compatibility.md). Their values are still checked.
-const ADVISORY: &[&str] = &[
+pub const ADVISORY: &[&str] = &[
     "clocksource",
     "thread",
     "fadvise_hint",
@@ -775,7 +776,7 @@ const ADVISORY: &[&str] = &[
 ];
 
 /// fio's other spellings of supported options.
-const ALIASES: &[(&str, &str)] = &[
+pub const ALIASES: &[(&str, &str)] = &[
     ("readwrite", "rw"),
     ("blocksize", "bs"),
     ("io_limit", "io_size"),
@@ -789,7 +790,7 @@ const ALIASES: &[(&str, &str)] = &[
 /// (`fio --cmdhelp=all`, `fio --enghelp=io_uring`): one of these that we do not implement is
 /// "not supported", anything else is "unknown".
 #[rustfmt::skip]
-const FIO_OPTIONS: &[&str] = &[
+pub const FIO_OPTIONS: &[&str] = &[
     "allow_file_create", "allow_mounted_write", "allrandrepeat", "atomic", "ba",
     "block_error_percentiles", "blockalign", "blocksize", "blocksize_range", "blocksize_unaligned",
     "bs", "bs_unaligned", "bsrange", "bssplit", "buffer_compress_chunk",
@@ -1188,16 +1189,40 @@ fn seconds(value: Option<&str>) -> Result<Duration, Problem> {
     Ok(units::parse_time(need(value)?, TimeUnit::Seconds)?)
 }
 
-/// Applies one option to `job`. `in_global` is true inside `[global]`.
+/// Applies one option to `job`. `in_global` is true inside `[global]`. The options are
+/// grouped by what they say about a job, one function per group; each says whether the key
+/// was one of its own.
 fn apply(
     job: &mut Builder,
     key: &str,
     value: Option<&str>,
     in_global: bool,
 ) -> Result<(), Problem> {
+    let key = canonical(key);
+    let known = apply_target(job, key, value, in_global)?
+        || apply_io_shape(job, key, value)?
+        || apply_pacing(job, key, value)?
+        || apply_checks_and_reports(job, key, value)?
+        || check_advisory(key, value)?;
+    if known {
+        Ok(())
+    } else if FIO_OPTIONS.contains(&key) {
+        Err(Problem::Unsupported(refusal_hint(key)))
+    } else {
+        Err(Problem::Unknown(suggest(key)))
+    }
+}
+
+/// Where a job's IO goes: its name, files, directories and sizes.
+fn apply_target(
+    job: &mut Builder,
+    key: &str,
+    value: Option<&str>,
+    in_global: bool,
+) -> Result<bool, Problem> {
     let kb = job.kb;
     let spec = &mut job.spec;
-    match canonical(key) {
+    match key {
         "name" => {
             if in_global {
                 return Err(Problem::Invalid(
@@ -1250,6 +1275,16 @@ fn apply(
                 extent => extent,
             };
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What the IO looks like: engine, pattern, mix, block sizes, queue depth, jobs, direct IO.
+fn apply_io_shape(job: &mut Builder, key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         "ioengine" => {
             spec.engine = one_of(
                 need(value)?,
@@ -1329,6 +1364,16 @@ fn apply(
         "numjobs" => spec.numjobs = count_u32(value, kb, 1)?,
         "direct" => spec.direct = boolean(value)?,
         "buffered" => spec.direct = !boolean(value)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// When and how fast: runtime, ramp, delays, random seeds and distribution, rates, think time.
+fn apply_pacing(job: &mut Builder, key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         // runtime=0 is fio's default: no time limit.
         "runtime" => spec.runtime = Some(seconds(value)?).filter(|d| !d.is_zero()),
         "time_based" => spec.time_based = boolean(value)?,
@@ -1369,6 +1414,20 @@ fn apply(
             spec.thinktime = units::parse_time(need(value)?, TimeUnit::Microseconds)?;
         }
         "thinktime_blocks" => spec.thinktime_blocks = count_u32(value, kb, 1)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Syncs, verification, error policy, stuck IOs, reporting, file handling and `kb_base`.
+fn apply_checks_and_reports(
+    job: &mut Builder,
+    key: &str,
+    value: Option<&str>,
+) -> Result<bool, Problem> {
+    let kb = job.kb;
+    let spec = &mut job.spec;
+    match key {
         "fsync" => spec.fsync = count_u32(value, kb, 0)?,
         "fdatasync" => spec.fdatasync = count_u32(value, kb, 0)?,
         "end_fsync" => spec.end_fsync = boolean(value)?,
@@ -1414,6 +1473,14 @@ fn apply(
                 "kb_base",
             )?;
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Advisory options: checked, then ignored (see docs/fio-compatibility.md).
+fn check_advisory(key: &str, value: Option<&str>) -> Result<bool, Problem> {
+    match key {
         // Advisory: checked, then ignored (see docs/fio-compatibility.md).
         "clocksource" => {
             one_of(
@@ -1439,16 +1506,10 @@ fn apply(
                 "random_generator",
             )?;
         }
-        other if FIO_OPTIONS.contains(&other) => {
-            return Err(Problem::Unsupported(refusal_hint(other)));
-        }
-        other => return Err(Problem::Unknown(suggest(other))),
+        _ => return Ok(false),
     }
-    Ok(())
+    Ok(true)
 }
-
-#[cfg(test)]
-mod fuzz;
 
 #[cfg(test)]
 mod tests {
@@ -2314,7 +2375,7 @@ mod tests {
 
     #[test]
     fn seed_job_files_parse() {
-        let read = parse_file(&repo("tests/jobs/hadoop-randread.fio"), &[]).unwrap();
+        let read = parse_file(&repo("../agent/tests/jobs/hadoop-randread.fio"), &[]).unwrap();
         assert_eq!(read.len(), 1);
         let j = &read[0];
         assert_eq!(j.name, "Read-Test-1");
@@ -2327,7 +2388,7 @@ mod tests {
         assert!(j.direct && j.invalidate && !j.randrepeat);
         assert_eq!(j.runtime, None);
 
-        let write = parse_file(&repo("tests/jobs/hadoop-randwrite.fio"), &[]).unwrap();
+        let write = parse_file(&repo("../agent/tests/jobs/hadoop-randwrite.fio"), &[]).unwrap();
         assert_eq!(write[0].name, "Write-Test-1");
         assert_eq!(write[0].pattern, Pattern::RandWrite);
         assert_eq!(write[0].size, Some(Extent::Bytes(500 << 30)));

@@ -212,6 +212,31 @@ pub async fn keep_registered(
     }
 }
 
+/// A registration's volumes and capabilities are the agent's Hello reply, the same words.
+impl From<RegisteredVolume> for lockstep_proto::v1::Volume {
+    fn from(v: RegisteredVolume) -> Self {
+        lockstep_proto::v1::Volume {
+            name: v.name,
+            path: v.path,
+            size_bytes: v.size_bytes,
+            kind: v.kind,
+            provisioned_iops: v.provisioned_iops,
+            provisioned_mib_s: v.provisioned_mib_s,
+        }
+    }
+}
+
+impl From<RegisteredCapabilities> for lockstep_proto::v1::Capabilities {
+    fn from(c: RegisteredCapabilities) -> Self {
+        lockstep_proto::v1::Capabilities {
+            io_uring: c.io_uring,
+            engines: c.engines,
+            exec_allowed: c.exec_allowed,
+            block_devices_allowed: c.block_devices_allowed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

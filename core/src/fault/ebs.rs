@@ -1,5 +1,8 @@
 //! EBS volume models: the ceilings and credit buckets of AWS volume types, as a gate for the IO
-//! path and as forecasts for the chokepoint finder and reports.
+//! path and as forecasts for the chokepoint finder and reports. This is the one model: the
+//! agent's `ebs` fault throttles with it, and the coordinator's chokepoint finder
+//! (`coordinator/src/analysis/chokepoint/credit.rs`) takes its buckets and its arithmetic
+//! (units counted, seconds to empty) from here.
 //!
 //! Everything is counted in *units*: an SSD volume (gp2, gp3, io1, io2) counts an IO of up to
 //! 256 KiB as one IO and a larger one as `ceil(len / 256 KiB)` IOs (EBS's 256 KiB capacity
@@ -17,6 +20,8 @@
 //! time to exhaustion (balance / (demand − baseline)) and to refill are divided by s while the
 //! IOPS and throughput a test sees stay those of the real volume.
 
+use serde::{Deserialize, Serialize};
+
 use super::bucket::TokenBucket;
 use super::spec::{EbsSpec, VolumeType};
 use super::{Admission, IoGate};
@@ -32,6 +37,61 @@ pub const SSD_UNIT_BYTES: u64 = 256 * KIB;
 pub const HDD_UNIT_BYTES: u64 = MIB;
 /// gp2's bucket: 5.4M IO credits, enough for 3,000 IOPS for 30 minutes from full.
 pub const GP2_CREDITS: f64 = 5_400_000.0;
+/// gp2's burst ceiling below 1,000 GiB (where its baseline reaches it).
+pub const GP2_BURST_IOPS: f64 = 3_000.0;
+
+/// What a model's credits count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreditUnit {
+    /// SSD types: IO credits; rates are IOPS (an IO above 256 KiB costs one per 256 KiB).
+    Io,
+    /// HDD types: MiB of throughput credits; rates are MiB/s (an IO of 1 MiB or less costs 1 MiB).
+    Mib,
+}
+
+impl CreditUnit {
+    /// The rate unit, for reports.
+    pub fn rate_name(self) -> &'static str {
+        match self {
+            CreditUnit::Io => "IOPS",
+            CreditUnit::Mib => "MiB/s",
+        }
+    }
+
+    /// Bytes one unit covers.
+    pub fn bytes(self) -> u64 {
+        match self {
+            CreditUnit::Io => SSD_UNIT_BYTES,
+            CreditUnit::Mib => HDD_UNIT_BYTES,
+        }
+    }
+
+    /// Units per second spent by `ios` IOs of `bytes` in total over `secs`, estimated as
+    /// `max(ios, bytes / unit)`: exact when all IOs are on the same side of the unit size, a
+    /// lower bound for a mix (docs/domain.md#io-accounting).
+    pub fn demand(self, ios: f64, bytes: f64, secs: f64) -> f64 {
+        if secs <= 0.0 {
+            return 0.0;
+        }
+        ios.max(bytes / self.bytes() as f64) / secs
+    }
+}
+
+/// Real seconds until `balance` credits run out at `demand` units per second, for a bucket
+/// refilled at `baseline` and spent at most at `burst`, emulated `time_scale` times faster
+/// than real time. `None` when the demand does not exceed the baseline: the bucket then never
+/// empties.
+pub fn seconds_to_empty(
+    baseline: f64,
+    burst: f64,
+    balance: f64,
+    demand: f64,
+    time_scale: f64,
+) -> Option<f64> {
+    let drain = (demand.min(burst) - baseline) * time_scale.max(f64::MIN_POSITIVE);
+    (drain > 0.0).then(|| balance.max(0.0) / drain)
+}
 
 /// What a model allows per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,7 +106,8 @@ pub struct Ceilings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct EbsModel {
     pub volume_type: VolumeType,
-    pub size_gib: u64,
+    /// Whole GiB for a plan's volume; a measured volume's size may have a fraction.
+    pub size_gib: f64,
     /// Credit clock speed-up (see the module doc); 1 is real time.
     pub time_scale: f64,
     /// Credit balance at the start, 0..=1.
@@ -75,14 +136,42 @@ impl EbsModel {
     /// - io2 (Block Express): provisioned IOPS; 4,000 MiB/s (0.256 MiB/s per IOPS, which the
     ///   256 KiB unit ceiling already gives below 16,000 IOPS).
     /// - st1: 40 MiB/s per TiB baseline, 250 MiB/s per TiB burst, both capped at 500; a bucket of
-    ///   1 TiB of credits per TiB. sc1: 12 and 80 MiB/s per TiB, capped at 250; same bucket.
+    ///   1 TiB of credits per TiB. sc1: 12 MiB/s per TiB baseline capped at 192 (its size at
+    ///   most 16 TiB), 80 MiB/s per TiB burst capped at 250; same bucket.
     pub fn new(
         volume_type: VolumeType,
         size_gib: u64,
         provisioned_iops: Option<u64>,
         provisioned_mib_s: Option<u64>,
     ) -> Self {
-        let size = size_gib as f64;
+        Self::sized(
+            volume_type,
+            size_gib as f64,
+            provisioned_iops,
+            provisioned_mib_s,
+        )
+    }
+
+    /// The model of a volume by its `kind` as agents report it ("gp2", "ST1"), sized in GiB
+    /// with any fraction; `None` for `local` and unknown kinds or a size that is not positive.
+    pub fn for_kind(
+        kind: &str,
+        size_gib: f64,
+        provisioned_iops: Option<u64>,
+        provisioned_mib_s: Option<u64>,
+    ) -> Option<Self> {
+        let volume_type = VolumeType::parse(kind)?;
+        (size_gib.is_finite() && size_gib > 0.0)
+            .then(|| Self::sized(volume_type, size_gib, provisioned_iops, provisioned_mib_s))
+    }
+
+    fn sized(
+        volume_type: VolumeType,
+        size_gib: f64,
+        provisioned_iops: Option<u64>,
+        provisioned_mib_s: Option<u64>,
+    ) -> Self {
+        let size = size_gib;
         let tib = size / 1024.0;
         let ssd = |burst: f64, baseline: f64, tput_mib: f64, credits: Option<f64>| EbsModel {
             volume_type,
@@ -95,9 +184,9 @@ impl EbsModel {
             throughput_cap_bytes_per_s: Some(tput_mib * MIB_F),
             credit_capacity_units: credits,
         };
-        let hdd = |base_per_tib: f64, burst_per_tib: f64, cap: f64| {
-            let baseline = (base_per_tib * tib).min(cap);
-            let burst = (burst_per_tib * tib).min(cap);
+        let hdd = |base_per_tib: f64, base_cap: f64, burst_per_tib: f64, burst_cap: f64| {
+            let baseline = (base_per_tib * tib).min(base_cap);
+            let burst = (burst_per_tib * tib).min(burst_cap);
             EbsModel {
                 volume_type,
                 size_gib,
@@ -114,9 +203,9 @@ impl EbsModel {
         match volume_type {
             VolumeType::Gp2 => {
                 let baseline = (3.0 * size).clamp(100.0, 16_000.0);
-                let tput = if size_gib <= 170 { 128.0 } else { 250.0 };
-                if baseline < 3_000.0 {
-                    ssd(3_000.0, baseline, tput, Some(GP2_CREDITS))
+                let tput = if size <= 170.0 { 128.0 } else { 250.0 };
+                if baseline < GP2_BURST_IOPS {
+                    ssd(GP2_BURST_IOPS, baseline, tput, Some(GP2_CREDITS))
                 } else {
                     ssd(baseline, baseline, tput, None)
                 }
@@ -138,8 +227,8 @@ impl EbsModel {
                 let iops = provisioned_iops.unwrap_or(100) as f64;
                 ssd(iops, iops, (iops * 0.256).min(4_000.0), None)
             }
-            VolumeType::St1 => hdd(40.0, 250.0, 500.0),
-            VolumeType::Sc1 => hdd(12.0, 80.0, 250.0),
+            VolumeType::St1 => hdd(40.0, 500.0, 250.0, 500.0),
+            VolumeType::Sc1 => hdd(12.0, 192.0, 80.0, 250.0),
         }
     }
 
@@ -177,6 +266,15 @@ impl EbsModel {
 
     pub fn has_credits(&self) -> bool {
         self.credit_capacity_units.is_some()
+    }
+
+    /// What the model's units (and so its credits) count.
+    pub fn credit_unit(&self) -> CreditUnit {
+        if self.unit_bytes == HDD_UNIT_BYTES {
+            CreditUnit::Mib
+        } else {
+            CreditUnit::Io
+        }
     }
 
     fn ceilings(&self, units_per_s: f64) -> Ceilings {
@@ -345,6 +443,47 @@ mod tests {
     use proptest::prelude::*;
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_volume_kind_names_its_model_and_its_credit_unit() {
+        let gp2 = EbsModel::for_kind("GP2", 60.0, None, None).unwrap();
+        assert_eq!(gp2, EbsModel::new(VolumeType::Gp2, 60, None, None));
+        assert_eq!(gp2.credit_unit(), CreditUnit::Io);
+        let st1 = EbsModel::for_kind("st1", 1536.0, None, None).unwrap();
+        assert_eq!(st1.credit_unit(), CreditUnit::Mib);
+        assert_eq!(st1.credit_capacity_units, Some(1.5 * 1024.0 * 1024.0));
+        assert_eq!(EbsModel::for_kind("local", 60.0, None, None), None);
+        assert_eq!(EbsModel::for_kind("gp2", 0.0, None, None), None);
+        assert_eq!(EbsModel::for_kind("gp2", f64::NAN, None, None), None);
+    }
+
+    #[test]
+    fn sc1_baseline_stops_at_192_mib_s_and_keeps_a_bucket_past_16_tib() {
+        // docs/domain.md#st1-sc1: 12 MiB/s per TiB, 192 at the 16 TiB maximum size.
+        let m = EbsModel::new(VolumeType::Sc1, 32 * 1024, None, None);
+        assert_eq!(
+            (m.baseline_units_per_s, m.burst_units_per_s),
+            (192.0, 250.0)
+        );
+        assert!(m.has_credits());
+    }
+
+    #[test]
+    fn demand_counts_units_and_the_bucket_drains_above_baseline_only() {
+        // 100 IOs of 8 KiB in 1 s: 100 IO credits on gp2, 100 MiB of credits on st1.
+        assert_eq!(CreditUnit::Io.demand(100.0, 100.0 * 8192.0, 1.0), 100.0);
+        assert_eq!(CreditUnit::Mib.demand(100.0, 100.0 * 8192.0, 1.0), 100.0);
+        // 10 IOs of 1 MiB in 2 s on gp2: 4 units each.
+        assert_eq!(CreditUnit::Io.demand(10.0, 10.0 * 1048576.0, 2.0), 20.0);
+        assert_eq!(CreditUnit::Io.demand(10.0, 1.0, 0.0), 0.0);
+        // gp2 60 GiB at 3,000 IOPS: 5.4M / 2,820 s; demand above burst spends only the burst.
+        let s = seconds_to_empty(180.0, 3000.0, GP2_CREDITS, 5000.0, 1.0).unwrap();
+        assert!((s - 1_914.893_617).abs() < 1e-3, "{s}");
+        assert_eq!(
+            seconds_to_empty(180.0, 3000.0, GP2_CREDITS, 180.0, 60.0),
+            None
+        );
+    }
 
     /// Open-loop IOs of `len` bytes at `iops` from `from_s` for `secs`.
     fn paced(

@@ -132,6 +132,21 @@ impl VolumeType {
             VolumeType::Sc1 => "sc1",
         }
     }
+
+    /// The type a volume's `kind` names ("gp2", "GP2"), or `None` for `local` and unknown kinds.
+    pub fn parse(kind: &str) -> Option<VolumeType> {
+        let kind = kind.to_ascii_lowercase();
+        [
+            VolumeType::Gp2,
+            VolumeType::Gp3,
+            VolumeType::Io1,
+            VolumeType::Io2,
+            VolumeType::St1,
+            VolumeType::Sc1,
+        ]
+        .into_iter()
+        .find(|t| t.name() == kind)
+    }
 }
 
 /// An emulated EBS volume (see `ebs::EbsModel` for the numbers).

@@ -307,6 +307,14 @@ pub fn percentile_key(p: f64) -> String {
 /// ioengine, iodepth, numjobs), which are always present.
 fn job_options(s: &JobSpec) -> Obj {
     let mut o = Obj::default();
+    target_options(&mut o, s);
+    io_options(&mut o, s);
+    integrity_and_report_options(&mut o, s);
+    o
+}
+
+/// The job's name and where its IO goes (files, directories, sizes, offset).
+fn target_options(o: &mut Obj, s: &JobSpec) {
     o.str("name", &s.name);
     if let Some(d) = &s.description {
         o.str("description", d);
@@ -338,6 +346,10 @@ fn job_options(s: &JobSpec) -> Obj {
     if s.offset != Extent::Bytes(0) {
         o.str("offset", &extent(s.offset));
     }
+}
+
+/// The IO itself: pattern, block sizes, engine and depth, timing, randomness, rates, think time.
+fn io_options(o: &mut Obj, s: &JobSpec) {
     o.str("rw", s.pattern.fio_name());
     if matches!(s.pattern, Pattern::ReadWrite | Pattern::RandReadWrite) {
         o.str("rwmixread", &s.rwmixread.to_string());
@@ -420,6 +432,10 @@ fn job_options(s: &JobSpec) -> Obj {
             o.str("thinktime_blocks", &s.thinktime_blocks.to_string());
         }
     }
+}
+
+/// Syncs, verification, stonewalls, reporting and the engine's buffer options.
+fn integrity_and_report_options(o: &mut Obj, s: &JobSpec) {
     if s.fsync != 0 {
         o.str("fsync", &s.fsync.to_string());
     }
@@ -454,7 +470,6 @@ fn job_options(s: &JobSpec) -> Obj {
     if !s.registerfiles {
         o.str("registerfiles", "0");
     }
-    o
 }
 
 /// A byte count in fio's input syntax, with the largest binary suffix that divides it ("4k",

@@ -204,8 +204,8 @@ impl IoGate for CapGate {
 
 /// Drives a gate the way the runner does: each IO is intended at `intended_ns` (non-decreasing),
 /// waits for admission, and is charged at the admitted instant. Returns the issue instants.
-#[cfg(test)]
-pub(crate) fn drive(
+/// Public because the agent's gate tests (`agent/src/fault/build.rs`) drive gates the same way.
+pub fn drive(
     gate: &mut dyn IoGate,
     ios: impl IntoIterator<Item = (u64, Direction, u64)>,
 ) -> Vec<u64> {

@@ -9,7 +9,7 @@
 //! next thing the agent does with them, so arithmetic on hostile sizes is covered too.
 //!
 //! The committed case counts keep `cargo test` fast; for a long run set `PROPTEST_CASES`
-//! (e.g. `PROPTEST_CASES=20000 cargo test -p lockstep-agent --lib jobfile::fuzz`).
+//! (e.g. `PROPTEST_CASES=20000 cargo test -p lockstep-agent --lib jobfile_fuzz`).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
-use super::*;
+use std::path::Path;
+
+use lockstep_core::job::JobSpec;
+use lockstep_core::jobfile::*;
 
 /// A parse (and the plan of its jobs) slower than this is a hang for our purposes: real job
 /// files parse in microseconds.

@@ -1,0 +1,69 @@
+//! Faults in the agent's own IO path: no privilege needed, so they work on any host.
+//!
+//! This crate holds the parts both sides share: the fault spec and its validation, the gate
+//! contract, token buckets and the EBS volume model (the agent throttles with it, the
+//! coordinator's chokepoint finder forecasts with it). The agent adds the faults that alter IOs,
+//! the gate builder and the kernel throttle (`agent/src/fault/`).
+//!
+//! The runner consults two small hooks per IO, both pure functions of time and the IO:
+//! - an `IoGate` decides *when* an IO may be issued (IOPS/bandwidth caps, EBS volume models with
+//!   credit buckets). A gated IO waits before issue, so its latency from the intended issue time
+//!   grows the way a throttled cloud volume's does, and the queue backs up (Little's law holds);
+//! - an `IoFault` decides *what happens* to an IO (delivered, failed with EIO, delayed, dropped
+//!   write) and whether completions are stalled.
+//!
+//! Times are nanoseconds since the clone's start (the runner's origin), so everything here can be
+//! tested without a clock.
+
+use crate::job::Direction;
+
+/// Whether a gate lets an IO through now or at a later instant (ns since origin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Now,
+    At(u64),
+}
+
+/// Paces IOs: IOPS/bandwidth caps and volume models. `admit` only looks; `charge` takes the
+/// IO's cost when it is actually issued (the runner calls it right after the admitted instant).
+pub trait IoGate: Send {
+    fn admit(&mut self, now_ns: u64, dir: Direction, len: u64) -> Admission;
+    fn charge(&mut self, now_ns: u64, dir: Direction, len: u64);
+}
+
+/// What happens to one IO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Goes to the device as asked.
+    Deliver,
+    /// Completes at once with EIO, never reaching the device.
+    FailEio,
+    /// A write that is acknowledged but never written: the verifier must catch it.
+    DropWrite,
+    /// Goes to the device; its completion is held back by this many nanoseconds from submission.
+    DelayBy(u64),
+}
+
+/// Alters IOs: errors, added latency, dropped writes, stalls.
+pub trait IoFault: Send {
+    fn on_issue(&mut self, now_ns: u64, dir: Direction, len: u64) -> Outcome;
+    /// If completions are stalled at `now_ns`, the instant (ns since origin) the stall ends.
+    fn stalled_until(&self, now_ns: u64) -> Option<u64>;
+}
+
+/// Token buckets and the `iops_cap` / `bw_cap` gates.
+pub mod bucket;
+/// EBS volume models (gp2, gp3, io1, io2, st1, sc1): gate, ceilings, credit forecast.
+pub mod ebs;
+/// `FaultSpec`, the serialized schedule entry, and its validation.
+pub mod spec;
+/// `FaultSpec` to and from the protocol's typed `Fault` message, validated on receipt.
+pub mod wire;
+
+pub use bucket::{CapGate, CapUnit, TokenBucket};
+pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
+pub use spec::{
+    BwCapSpec, CutOffSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, ExecSpec, FaultError,
+    FaultKind, FaultSpec, IopsCapSpec, KernelThrottleSpec, KillSpec, LatencyDistribution,
+    LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, Window, active_faults, validate_all,
+};
