@@ -6,10 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-// The credit model types come from the finder's credit module until the shared core crate
-// holds the one EBS model (issue 14).
-pub use crate::analysis::chokepoint::{CreditForecast, CreditModel};
 use crate::results::timeline::VolumeModel;
+pub use lockstep_core::fault::ebs::CreditUnit;
 
 /// The emulation time scale of one volume's model (docs/domain.md#time-scale: a 30-minute
 /// credit drain shown in 30 s is a time scale of 60).
@@ -343,4 +341,46 @@ pub(crate) fn trim_float(x: f64) -> String {
     } else {
         format!("{x:.1}")
     }
+}
+
+/// A volume's credit bucket: it refills at `baseline`, can be spent at up to `burst`, holds
+/// `bucket` and starts full (EBS volumes start with a full bucket; the forecast assumes the run
+/// began with one, which is the pessimistic case for a volume that was busy before the run).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreditModel {
+    pub kind: String,
+    pub size_gib: f64,
+    pub unit: CreditUnit,
+    pub baseline: f64,
+    pub burst: f64,
+    pub bucket: f64,
+}
+
+impl CreditModel {
+    /// "60 GiB gp2", for reports.
+    pub fn describe(&self) -> String {
+        format!("{} GiB {}", trim_float(self.size_gib), self.kind)
+    }
+}
+
+/// When a volume's credits run out, from its measured demand. Shown for every volume with a
+/// credit model, before the cliff as well as after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreditForecast {
+    pub node: String,
+    pub volume: String,
+    pub model: CreditModel,
+    pub time_scale: f64,
+    /// Mean demand (credits/s, i.e. IOPS or MiB/s) over the last intervals analyzed.
+    pub demand: f64,
+    /// Estimated balance at the end of the data: a full bucket at the run's start, minus what
+    /// the measured demand spent above the baseline.
+    pub balance: f64,
+    /// When the estimated balance first reached empty (ms since the run's start), if it did.
+    pub exhausted_at_ms: Option<u64>,
+    /// Real seconds from the end of the data until the credits run out at the current demand;
+    /// `None` when already empty or when the demand does not exceed the baseline.
+    pub runs_out_in_s: Option<f64>,
+    /// The same as a time since the run's start.
+    pub runs_out_at_ms: Option<u64>,
 }

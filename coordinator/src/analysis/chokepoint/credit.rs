@@ -9,9 +9,8 @@
 //! 1,914.9 s, whatever its peers do.
 
 use lockstep_core::fault::ebs::{self, EbsModel};
-use serde::{Deserialize, Serialize};
 
-use crate::results::chokepoint::trim_float;
+pub use crate::results::chokepoint::{CreditForecast, CreditModel};
 
 use crate::results::timeline::{VolumeModel, VolumePoint};
 
@@ -19,19 +18,6 @@ pub use lockstep_core::fault::ebs::{CreditUnit, GP2_BURST_IOPS, GP2_CREDITS as G
 
 /// A balance below this fraction of the bucket counts as empty.
 const EMPTY_FRACTION: f64 = 0.01;
-
-/// A volume's credit bucket: it refills at `baseline`, can be spent at up to `burst`, holds
-/// `bucket` and starts full (EBS volumes start with a full bucket; the forecast assumes the run
-/// began with one, which is the pessimistic case for a volume that was busy before the run).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CreditModel {
-    pub kind: String,
-    pub size_gib: f64,
-    pub unit: CreditUnit,
-    pub baseline: f64,
-    pub burst: f64,
-    pub bucket: f64,
-}
 
 impl CreditModel {
     /// The credit model of a volume, or `None` when its kind has no credits that can run out
@@ -69,33 +55,6 @@ impl CreditModel {
     pub fn seconds_to_empty(&self, balance: f64, demand: f64, time_scale: f64) -> Option<f64> {
         ebs::seconds_to_empty(self.baseline, self.burst, balance, demand, time_scale)
     }
-
-    /// "60 GiB gp2", for reports.
-    pub fn describe(&self) -> String {
-        format!("{} GiB {}", trim_float(self.size_gib), self.kind)
-    }
-}
-
-/// When a volume's credits run out, from its measured demand. Shown for every volume with a
-/// credit model, before the cliff as well as after it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CreditForecast {
-    pub node: String,
-    pub volume: String,
-    pub model: CreditModel,
-    pub time_scale: f64,
-    /// Mean demand (credits/s, i.e. IOPS or MiB/s) over the last intervals analyzed.
-    pub demand: f64,
-    /// Estimated balance at the end of the data: a full bucket at the run's start, minus what
-    /// the measured demand spent above the baseline.
-    pub balance: f64,
-    /// When the estimated balance first reached empty (ms since the run's start), if it did.
-    pub exhausted_at_ms: Option<u64>,
-    /// Real seconds from the end of the data until the credits run out at the current demand;
-    /// `None` when already empty or when the demand does not exceed the baseline.
-    pub runs_out_in_s: Option<f64>,
-    /// The same as a time since the run's start.
-    pub runs_out_at_ms: Option<u64>,
 }
 
 /// Replays a volume's measured demand through its bucket. `window` is how many of the last
