@@ -99,6 +99,8 @@ fn every_dashboard_panel_query_returns_data_from_a_real_prometheus_scraping_a_re
         agents.push(p);
     }
     plan += "\n[[role]]\nname = \"w\"\n[role.workload.fio]\nrw = \"randrw\"\nbs = \"4k\"\niodepth = 4\nsize = \"16m\"\nioengine = \"io_uring\"\ndirect = 1\n";
+    // A fault open from t=3 s to the end: the fault annotation's query must find it.
+    plan += "\n[[fault]]\nat = \"3s\"\ntarget = { agents = [\"agent-2\"] }\nkind = \"latency\"\nadd_us = 500\nfraction = 0.5\n";
     let coordinator = format!("127.0.0.1:{}", free_port());
     targets.push(coordinator.clone());
 
@@ -196,4 +198,7 @@ fn every_dashboard_panel_query_returns_data_from_a_real_prometheus_scraping_a_re
     // The agents went from idle to running during the scrape: the annotation shows it.
     let agent_changes = query(&prom, "changes(lockstep_agent_run_state[1m]) > 0");
     assert_eq!(agent_changes.len(), 3, "{agent_changes:?}");
+    // The fault on agent-2's volume is open: its annotation's series is there.
+    let faults = query(&prom, "lockstep_fault_active == 1");
+    assert_eq!(faults.len(), 1, "{faults:?}");
 }

@@ -139,6 +139,12 @@ impl RunObserver for LiveView {
         }
     }
 
+    fn faults(&mut self, faults: &[crate::results::timeline::FaultWindow]) {
+        if let Some(m) = &self.metrics {
+            m.set_faults(faults);
+        }
+    }
+
     fn phase_finished(&mut self, _name: &str) {
         if let Some(m) = &self.metrics {
             m.state.set(2);

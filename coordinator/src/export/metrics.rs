@@ -10,11 +10,20 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::results::merge::Merger;
+use crate::results::timeline::FaultWindow;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VolumeLabels {
     pub node: String,
     pub volume: String,
+}
+
+/// A fault on a volume, as the agent names it (`latency`, `ebs`, `pause`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabels {
+    pub node: String,
+    pub volume: String,
+    pub fault: String,
 }
 
 type FGauge = Gauge<f64, AtomicU64>;
@@ -29,6 +38,9 @@ pub struct CoordinatorMetrics {
     volume_iops: Family<VolumeLabels, FGauge>,
     volume_p99: Family<VolumeLabels, FGauge>,
     lost_volumes: Gauge,
+    /// 1 while a fault's window is open on a volume, 0 once it closed: a dashboard shades or
+    /// annotates the window from it.
+    fault_active: Family<FaultLabels, Gauge>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -43,6 +55,7 @@ impl Default for CoordinatorMetrics {
             volume_iops: Family::default(),
             volume_p99: Family::default(),
             lost_volumes: Gauge::default(),
+            fault_active: Family::default(),
         };
         registry.register(
             "run_state",
@@ -79,6 +92,11 @@ impl Default for CoordinatorMetrics {
             "Volumes whose agent was lost",
             m.lost_volumes.clone(),
         );
+        registry.register(
+            "fault_active",
+            "1 while the fault's window is open on the volume, 0 after it closed",
+            m.fault_active.clone(),
+        );
         CoordinatorMetrics { registry, ..m }
     }
 }
@@ -112,6 +130,22 @@ impl CoordinatorMetrics {
     }
 }
 
+impl CoordinatorMetrics {
+    /// Every fault window so far: open ones are 1, closed ones 0.
+    pub fn set_faults(&self, faults: &[FaultWindow]) {
+        for f in faults {
+            let l = FaultLabels {
+                node: f.node.clone(),
+                volume: f.volume.clone(),
+                fault: f.fault.clone(),
+            };
+            self.fault_active
+                .get_or_create(&l)
+                .set(i64::from(f.end_ms.is_none()));
+        }
+    }
+}
+
 impl lockstep_core::metrics::RenderMetrics for CoordinatorMetrics {
     fn render(&self) -> String {
         let mut out = String::new();
@@ -134,5 +168,28 @@ mod tests {
         assert!(text.contains("lockstep_run_state 1"), "{text}");
         assert!(text.contains("lockstep_cluster_iops"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_fault_is_active_while_its_window_is_open() {
+        let m = CoordinatorMetrics::default();
+        let mut w = FaultWindow {
+            node: "agent-2".into(),
+            volume: "data".into(),
+            fault: "latency".into(),
+            start_ms: 3000,
+            end_ms: None,
+            detail: None,
+        };
+        m.set_faults(std::slice::from_ref(&w));
+        let open = r#"lockstep_fault_active{node="agent-2",volume="data",fault="latency"} 1"#;
+        assert!(m.render().contains(open), "{}", m.render());
+        w.end_ms = Some(9000);
+        m.set_faults(&[w]);
+        assert!(
+            m.render().contains(&open.replace("} 1", "} 0")),
+            "{}",
+            m.render()
+        );
     }
 }
