@@ -44,7 +44,8 @@ fn a_node_whose_volumes_all_slow_together_is_named_as_the_node() {
             assert!((7_000..=11_000).contains(&n.onset_ms), "{n:?}");
             // Four volumes at 150 IOPS each.
             assert!(n.iops < 4.0 * 150.0 * 1.2, "{n:?}");
-            assert!(n.peer_iops > 3.0 * n.iops, "{n:?}");
+            // Against 4 x 400 IOPS on the other nodes.
+            assert!(n.peer_iops > 2.0 * n.iops, "{n:?}");
         }
         other => panic!(
             "expected the node agent-2, got {other:?}\n{}",
