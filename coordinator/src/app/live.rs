@@ -15,6 +15,9 @@ use crate::results::merge::Merger;
 pub struct LiveView {
     /// Prometheus metrics to keep current, when the coordinator serves them.
     pub metrics: Option<std::sync::Arc<crate::export::metrics::CoordinatorMetrics>>,
+    /// The plan's fault windows (ms since the synchronized start), for the metrics: the agents
+    /// report a volume's IO-path faults only with their final result.
+    pub scheduled_faults: Vec<crate::results::timeline::FaultWindow>,
     /// Options of the live chokepoint finder (time scales of emulated volumes).
     pub analysis: AnalysisOptions,
     bar: Option<ProgressBar>,
@@ -43,6 +46,7 @@ impl LiveView {
         });
         LiveView {
             metrics: None,
+            scheduled_faults: Vec::new(),
             analysis: AnalysisOptions::default(),
             bar,
             total,
@@ -97,6 +101,7 @@ impl RunObserver for LiveView {
     fn tick(&mut self, merger: &Merger, elapsed: Duration) {
         if let Some(m) = &self.metrics {
             m.update(merger);
+            m.set_faults_at(&self.scheduled_faults, elapsed.as_millis() as u64);
         }
         // The newest interval may still be arriving; show the one before it.
         let Some(latest) = merger.latest_index() else {
@@ -136,12 +141,6 @@ impl RunObserver for LiveView {
                 }
             }
             None => {}
-        }
-    }
-
-    fn faults(&mut self, faults: &[crate::results::timeline::FaultWindow]) {
-        if let Some(m) = &self.metrics {
-            m.set_faults(faults);
         }
     }
 

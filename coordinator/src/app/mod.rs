@@ -419,6 +419,7 @@ pub(crate) async fn run_resolved(
     )?);
     let mut live = LiveView::new(assignment.run_length(), settings.json);
     live.analysis = analysis_options(assignment);
+    live.scheduled_faults = scheduled_faults(assignment);
     if let Some(addr) = &settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -489,6 +490,25 @@ pub(crate) async fn run_resolved(
     eprintln!("lockstep: results in {}", out_dir.display());
     let code = exit_code(&results, blamed && settings.fail_on_chokepoint);
     Ok(RunOutcome { results, code })
+}
+
+/// The plan's fault windows per volume, as the agents name them.
+fn scheduled_faults(a: &Assignment) -> Vec<crate::results::timeline::FaultWindow> {
+    let ms = |d: Duration| d.as_millis() as u64;
+    a.volumes()
+        .flat_map(|(ag, v)| {
+            v.faults
+                .iter()
+                .map(move |f| crate::results::timeline::FaultWindow {
+                    node: ag.agent.clone(),
+                    volume: v.volume.name.clone(),
+                    fault: f.kind.clone(),
+                    start_ms: ms(f.at),
+                    end_ms: f.duration.map(|d| ms(f.at + d)),
+                    detail: None,
+                })
+        })
+        .collect()
 }
 
 /// The measured phases' windows when there are several (a single phase is the whole run).

@@ -131,17 +131,18 @@ impl CoordinatorMetrics {
 }
 
 impl CoordinatorMetrics {
-    /// Every fault window so far: open ones are 1, closed ones 0.
-    pub fn set_faults(&self, faults: &[FaultWindow]) {
+    /// The fault windows at `now_ms` (since the synchronized start): 1 for the open ones, 0 for
+    /// the others.
+    pub fn set_faults_at(&self, faults: &[FaultWindow], now_ms: u64) {
         for f in faults {
             let l = FaultLabels {
                 node: f.node.clone(),
                 volume: f.volume.clone(),
                 fault: f.fault.clone(),
             };
-            self.fault_active
-                .get_or_create(&l)
-                .set(i64::from(f.end_ms.is_none()));
+            self.fault_active.get_or_create(&l).set(i64::from(
+                f.start_ms <= now_ms && f.end_ms.is_none_or(|e| now_ms < e),
+            ));
         }
     }
 }
@@ -181,15 +182,16 @@ mod tests {
             end_ms: None,
             detail: None,
         };
-        m.set_faults(std::slice::from_ref(&w));
         let open = r#"lockstep_fault_active{node="agent-2",volume="data",fault="latency"} 1"#;
+        let closed = open.replace("} 1", "} 0");
+        m.set_faults_at(std::slice::from_ref(&w), 2999);
+        assert!(m.render().contains(&closed), "{}", m.render());
+        m.set_faults_at(std::slice::from_ref(&w), 3000);
         assert!(m.render().contains(open), "{}", m.render());
         w.end_ms = Some(9000);
-        m.set_faults(&[w]);
-        assert!(
-            m.render().contains(&open.replace("} 1", "} 0")),
-            "{}",
-            m.render()
-        );
+        m.set_faults_at(std::slice::from_ref(&w), 8999);
+        assert!(m.render().contains(open), "{}", m.render());
+        m.set_faults_at(&[w], 9000);
+        assert!(m.render().contains(&closed), "{}", m.render());
     }
 }

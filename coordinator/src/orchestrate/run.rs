@@ -75,9 +75,6 @@ pub trait RunObserver: Send {
     /// Called about once per interval with the merge state so far.
     fn tick(&mut self, merger: &Merger, phase_elapsed: Duration);
     fn phase_finished(&mut self, name: &str);
-    /// Called when a fault began or ended on a volume, with every fault window so far (an
-    /// open window has no end yet).
-    fn faults(&mut self, _faults: &[crate::results::timeline::FaultWindow]) {}
 }
 
 #[derive(Debug, thiserror::Error)]

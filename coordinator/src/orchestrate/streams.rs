@@ -208,7 +208,6 @@ impl<'a> Streams<'a> {
             ));
         }
         upsert_fault(&mut self.faults, w);
-        obs.faults(&self.faults);
     }
 
     fn on_final(&mut self, i: usize, f: lockstep_proto::v1::FinalResult) {
