@@ -77,26 +77,19 @@ impl Default for series::Bucket {
 pub fn chokepoint_view(r: &RunResults) -> Option<ChokepointView> {
     use crate::results::chokepoint::Verdict;
     let c = r.chokepoint.as_ref()?;
-    // The serialized names, as results.json spells them ("volume", "credit_exhaustion").
-    let name = |x: serde_json::Value, key: &str| -> Option<String> {
-        let x = if key.is_empty() {
-            x
-        } else {
-            x.get(key)?.clone()
-        };
-        x.as_str().map(str::to_string)
-    };
-    let verdict = serde_json::to_value(&c.verdict).unwrap_or_default();
+    let verdict = serde_json::to_value(&c.verdict)
+        .ok()
+        .and_then(|v| json_name(v.get("verdict")?));
     let mut view = ChokepointView {
         text: crate::export::text::chokepoint::render_text(c),
-        verdict: name(verdict.clone(), "verdict").unwrap_or_else(|| "none".into()),
+        verdict: verdict.unwrap_or_else(|| "none".into()),
         ..Default::default()
     };
     match &c.verdict {
         Verdict::Volume(v) => {
             view.node = Some(v.node.clone());
             view.role = Some(v.role.clone());
-            view.kind = name(serde_json::to_value(v.kind).unwrap_or_default(), "");
+            view.kind = json_name(v.kind);
             view.onset_ms = Some(v.onset_ms);
             view.volume = Some((v.node.clone(), v.volume.clone()));
         }
@@ -125,8 +118,7 @@ pub fn chokepoint_view(r: &RunResults) -> Option<ChokepointView> {
                 bucket: m.bucket,
                 time_scale: credit.time_scale,
             },
-            unit: name(serde_json::to_value(m.unit).unwrap_or_default(), "")
-                .unwrap_or_else(|| "io".into()),
+            unit: json_name(m.unit).unwrap_or_else(|| "io".into()),
             describe: format!("{} GiB {}", m.size_gib, m.kind),
             forecast_onset_ms: credit.forecast_onset_ms,
             before_cliff: c
@@ -136,6 +128,11 @@ pub fn chokepoint_view(r: &RunResults) -> Option<ChokepointView> {
         });
     }
     Some(view)
+}
+
+/// A value's name as results.json spells it ("volume", "credit_exhaustion", "io").
+fn json_name(x: impl serde::Serialize) -> Option<String> {
+    serde_json::to_value(x).ok()?.as_str().map(str::to_string)
 }
 
 /// HTML-escapes text.
