@@ -1,4 +1,4 @@
-//! Latency histograms on the wire: HdrHistogram V2 with deflate compression.
+//! Latency histograms on the wire: HdrHistogram V2, framed so standard tools read it.
 //!
 //! Agents encode their dense histograms with the hdrhistogram crate. The coordinator decodes
 //! them into `SparseHistogram`s instead of dense ones: a dense histogram of lockstep's range
@@ -7,9 +7,17 @@
 //! a few hundred to a few thousand buckets, so the sparse form merges in time proportional to
 //! the buckets in use. It keeps the exact buckets of the dense form, so every percentile equals
 //! the one HdrHistogram computes on the same data (tested below): merging stays exact.
+//!
+//! The wire format ([`WIRE`]) was chosen by measurement (docs/scale.md, "Merge path"): inflating
+//! cost the coordinator more CPU per volume-interval than its whole budget at 10,000 agents,
+//! while the bytes it saved are cheap on a LAN. Agents send V2 inside a zlib stream of *stored*
+//! (uncompressed) deflate blocks: the V2 compressed cookie, so HdrHistogram log readers of every
+//! language (which insist on it in `.hlog` files) still read the raw bytes the coordinator logs,
+//! while the coordinator takes the payload out of the blocks without inflating. Decoding
+//! accepts every framing ([`Wire`]): old agents and old `.hlog` files use real deflate.
 
 use hdrhistogram::Histogram;
-use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer, V2Serializer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HistogramCodecError {
@@ -21,13 +29,99 @@ pub enum HistogramCodecError {
     Decode(String),
 }
 
+/// How a histogram is framed on the wire; every framing decodes everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// V2 deflated at zlib's default level (the format before 2026-11-25): the fewest bytes,
+    /// and an inflate on the coordinator for every histogram.
+    Deflate,
+    /// V2 in a zlib stream of stored blocks, with the compressed cookie: 19 bytes more than
+    /// `Plain`, readable where only compressed histograms are accepted (hlog lines).
+    Stored,
+    /// V2 uncompressed (cookie 0x1c849303).
+    Plain,
+}
+
+/// What agents send.
+pub const WIRE: Wire = Wire::Stored;
+
+impl std::str::FromStr for Wire {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "deflate" => Ok(Wire::Deflate),
+            "stored" => Ok(Wire::Stored),
+            "plain" => Ok(Wire::Plain),
+            _ => Err(format!(
+                "unknown wire format '{s}' (deflate, stored, plain)"
+            )),
+        }
+    }
+}
+
 pub fn encode(h: &Histogram<u64>) -> Result<Vec<u8>, HistogramCodecError> {
+    encode_as(h, WIRE)
+}
+
+pub fn encode_as(h: &Histogram<u64>, wire: Wire) -> Result<Vec<u8>, HistogramCodecError> {
+    let fail = |e: &dyn std::fmt::Debug| HistogramCodecError::Encode(format!("{e:?}"));
     let mut out = Vec::new();
-    V2DeflateSerializer::new()
-        .serialize(h, &mut out)
-        .map_err(|e| HistogramCodecError::Encode(format!("{e:?}")))?;
+    match wire {
+        Wire::Deflate => {
+            V2DeflateSerializer::new()
+                .serialize(h, &mut out)
+                .map_err(|e| fail(&e))?;
+        }
+        Wire::Plain => {
+            V2Serializer::new()
+                .serialize(h, &mut out)
+                .map_err(|e| fail(&e))?;
+        }
+        Wire::Stored => {
+            let mut v2 = Vec::new();
+            V2Serializer::new()
+                .serialize(h, &mut v2)
+                .map_err(|e| fail(&e))?;
+            out = stored_zlib(&v2);
+        }
+    }
     Ok(out)
 }
+
+/// `v2` in the compressed framing: cookie, length, then a zlib stream (RFC 1950) of stored
+/// deflate blocks (RFC 1951, 3.2.4), which any inflater reads back as they are.
+fn stored_zlib(v2: &[u8]) -> Vec<u8> {
+    let blocks = v2.len().div_ceil(STORED_MAX).max(1);
+    let zlib_len = 2 + blocks * 5 + v2.len() + 4;
+    let mut out = Vec::with_capacity(8 + zlib_len);
+    out.extend_from_slice(&V2_COMPRESSED_COOKIE.to_be_bytes());
+    out.extend_from_slice(&(zlib_len as u32).to_be_bytes());
+    // CMF 0x78: deflate with a 32 KiB window; FLG 0x01: fastest level, no dictionary, check bits.
+    out.extend_from_slice(&[0x78, 0x01]);
+    let mut chunks = v2.chunks(STORED_MAX).peekable();
+    if chunks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(chunk) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let len = chunk.len() as u16;
+        out.push(u8::from(last));
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(chunk);
+    }
+    out.extend_from_slice(&adler32(v2).to_be_bytes());
+    out
+}
+
+fn adler32(b: &[u8]) -> u32 {
+    let mut a = simd_adler32::Adler32::new();
+    a.write(b);
+    a.finish()
+}
+
+/// A stored deflate block holds at most this many bytes.
+const STORED_MAX: usize = 65_535;
 
 /// Decodes; an empty byte string is an empty histogram (directions with no IO send nothing).
 pub fn decode(bytes: &[u8]) -> Result<Option<Histogram<u64>>, HistogramCodecError> {
@@ -50,6 +144,8 @@ pub struct Geometry {
     unit_magnitude: u32,
     sub_bucket_half_count_magnitude: u32,
     sub_bucket_half_count: u32,
+    /// The index of `high`: no count of a valid encoding lies beyond it.
+    max_index: u32,
 }
 
 impl Geometry {
@@ -63,14 +159,33 @@ impl Geometry {
         let largest = 2 * 10_u32.pow(u32::from(sigfig));
         let sub_bucket_count_magnitude = (f64::from(largest)).log2().ceil() as u32;
         let sub_bucket_half_count_magnitude = sub_bucket_count_magnitude - 1;
-        Ok(Geometry {
+        let mut g = Geometry {
             low,
             high,
             sigfig,
             unit_magnitude,
             sub_bucket_half_count_magnitude,
             sub_bucket_half_count: 1 << sub_bucket_half_count_magnitude,
-        })
+            max_index: 0,
+        };
+        g.max_index = g.index_of(high);
+        Ok(g)
+    }
+
+    /// The bucket index of `value`, as the hdrhistogram crate computes it.
+    pub fn index_of(&self, value: u64) -> u32 {
+        let sub_bucket_mask =
+            (u64::from(self.sub_bucket_half_count) * 2 - 1) << self.unit_magnitude;
+        let base = 64 - self.unit_magnitude - self.sub_bucket_half_count_magnitude - 1;
+        let bucket = base - (value | sub_bucket_mask).leading_zeros();
+        let sub_bucket = (value >> (bucket + self.unit_magnitude)) as u32;
+        ((bucket + 1) << self.sub_bucket_half_count_magnitude) + sub_bucket
+            - self.sub_bucket_half_count
+    }
+
+    /// The highest bucket index of this geometry (the one holding `high`).
+    pub fn max_index(&self) -> u32 {
+        self.max_index
     }
 
     /// (lowest value of the bucket at `index`, log2 of its width).
@@ -117,76 +232,32 @@ impl SparseHistogram {
         }
     }
 
-    /// Decodes a V2 or V2+deflate histogram without building the dense form.
+    /// Decodes any framing of V2 ([`Wire`]) without building the dense form.
     pub fn decode(bytes: &[u8]) -> Result<Self, HistogramCodecError> {
-        let bad = |m: &str| HistogramCodecError::Decode(m.to_string());
-        let be32 = |b: &[u8], at: usize| -> Result<u32, HistogramCodecError> {
-            b.get(at..at + 4)
-                .map(|s| u32::from_be_bytes(s.try_into().unwrap()))
-                .ok_or_else(|| bad("truncated header"))
-        };
-        let be64 = |b: &[u8], at: usize| -> Result<u64, HistogramCodecError> {
-            b.get(at..at + 8)
-                .map(|s| u64::from_be_bytes(s.try_into().unwrap()))
-                .ok_or_else(|| bad("truncated header"))
-        };
-        let cookie = be32(bytes, 0)?;
-        let inflated;
-        let v2: &[u8] = match cookie {
-            V2_COOKIE => bytes,
-            V2_COMPRESSED_COOKIE => {
-                let len = be32(bytes, 4)? as usize;
-                let body = bytes
-                    .get(8..8 + len)
-                    .ok_or_else(|| bad("truncated payload"))?;
-                let mut out = Vec::with_capacity(len * 4);
-                std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(body), &mut out)
-                    .map_err(|e| bad(&format!("inflate: {e}")))?;
-                inflated = out;
-                &inflated
-            }
-            _ => return Err(bad("not an HdrHistogram V2 encoding (wrong cookie)")),
-        };
-        if be32(v2, 0)? != V2_COOKIE {
-            return Err(bad("not an HdrHistogram V2 encoding (wrong inner cookie)"));
-        }
-        let payload_len = be32(v2, 4)? as usize;
-        if be32(v2, 8)? != 0 {
-            return Err(bad("normalizing index offsets are not supported"));
-        }
-        let sigfig = be32(v2, 12)? as u8;
-        let low = be64(v2, 16)?;
-        let high = be64(v2, 24)?;
-        let geometry = Geometry::new(low, high, sigfig)?;
-        let payload = v2
-            .get(40..40 + payload_len)
-            .ok_or_else(|| bad("truncated counts"))?;
-        let mut buckets = Vec::with_capacity(payload.len() / 2);
-        let mut total = 0u64;
-        let mut index: i64 = 0;
-        let mut at = 0;
-        while at < payload.len() {
-            let (raw, used) = read_varint(&payload[at..]).ok_or_else(|| bad("bad varint"))?;
-            at += used;
-            let count = ((raw >> 1) as i64) ^ -((raw & 1) as i64);
-            if count < 0 {
-                index += -count;
-            } else {
-                if count > 0 {
-                    buckets.push((index as u32, count as u64));
-                    total += count as u64;
-                }
-                index += 1;
-            }
-            if index > u32::MAX as i64 {
-                return Err(bad("counts array too long"));
-            }
-        }
+        let mut buckets = Vec::new();
+        let (geometry, total) = BucketDecoder::default().decode(bytes, &mut buckets)?;
         Ok(SparseHistogram {
             geometry,
             buckets,
             total,
         })
+    }
+
+    /// A histogram from (index, count) pairs sorted by index with no zero counts (what
+    /// [`BucketDecoder::decode`] and [`SparseHistogram::buckets`] give).
+    pub fn from_sorted(geometry: Geometry, buckets: Vec<(u32, u64)>) -> Self {
+        debug_assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0));
+        let total = buckets.iter().map(|&(_, c)| c).sum();
+        SparseHistogram {
+            geometry,
+            buckets,
+            total,
+        }
+    }
+
+    /// The (index, count) pairs, sorted by index.
+    pub fn buckets(&self) -> &[(u32, u64)] {
+        &self.buckets
     }
 
     pub fn from_dense(h: &Histogram<u64>) -> Self {
@@ -467,7 +538,223 @@ impl SparseHistogram {
     }
 }
 
-/// The cookies carry a word-size nibble (0x10: 8-byte counts), as the crate writes them.
+/// Decodes wire histograms into (bucket index, count) lists, reusing its buffers from one
+/// histogram to the next: the coordinator decodes 160,000 histograms a second at 10,000
+/// agents x 8 volumes, and an allocation (or an inflater set-up) per histogram showed in its
+/// profile. Stored-block framing is read in place; real deflate goes through one reused
+/// inflater.
+#[derive(Default)]
+pub struct BucketDecoder {
+    inflater: Option<flate2::Decompress>,
+    buf: Vec<u8>,
+}
+
+impl BucketDecoder {
+    /// Replaces `out` with the non-zero buckets of `bytes` in index order; returns the geometry
+    /// and the total count.
+    pub fn decode(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<(u32, u64)>,
+    ) -> Result<(Geometry, u64), HistogramCodecError> {
+        out.clear();
+        let v2 = match be32(bytes, 0)? {
+            V2_COOKIE => bytes,
+            V2_COMPRESSED_COOKIE => {
+                let len = be32(bytes, 4)? as usize;
+                let body = bytes
+                    .get(8..8 + len)
+                    .ok_or_else(|| bad("truncated payload"))?;
+                self.unwrap_zlib(body)?
+            }
+            _ => return Err(bad("not an HdrHistogram V2 encoding (wrong cookie)")),
+        };
+        if be32(v2, 0)? != V2_COOKIE {
+            return Err(bad("not an HdrHistogram V2 encoding (wrong inner cookie)"));
+        }
+        let payload_len = be32(v2, 4)? as usize;
+        if be32(v2, 8)? != 0 {
+            return Err(bad("normalizing index offsets are not supported"));
+        }
+        let sigfig = be32(v2, 12)? as u8;
+        let geometry = Geometry::new(be64(v2, 16)?, be64(v2, 24)?, sigfig)?;
+        let payload = v2
+            .get(40..40 + payload_len)
+            .ok_or_else(|| bad("truncated counts"))?;
+        let total = decode_counts(payload, geometry.max_index, out)?;
+        Ok((geometry, total))
+    }
+
+    /// The V2 bytes inside a zlib stream: borrowed from it when its blocks are stored (one
+    /// block) or copied out of them (several), otherwise inflated.
+    fn unwrap_zlib<'a>(&'a mut self, z: &'a [u8]) -> Result<&'a [u8], HistogramCodecError> {
+        match stored_blocks(z)? {
+            Some(Stored::One(range)) => {
+                let v2 = &z[range];
+                check_adler(v2, z)?;
+                Ok(v2)
+            }
+            Some(Stored::Many(ranges)) => {
+                self.buf.clear();
+                for r in ranges {
+                    self.buf.extend_from_slice(&z[r]);
+                }
+                check_adler(&self.buf, z)?;
+                Ok(&self.buf)
+            }
+            None => {
+                self.inflate(z)?;
+                Ok(&self.buf)
+            }
+        }
+    }
+
+    fn inflate(&mut self, z: &[u8]) -> Result<(), HistogramCodecError> {
+        let d = self
+            .inflater
+            .get_or_insert_with(|| flate2::Decompress::new(true));
+        d.reset(true);
+        self.buf.clear();
+        self.buf.reserve(z.len() * 4);
+        loop {
+            let (done_in, done_out) = (d.total_in() as usize, self.buf.len());
+            let status = d
+                .decompress_vec(
+                    &z[done_in..],
+                    &mut self.buf,
+                    flate2::FlushDecompress::Finish,
+                )
+                .map_err(|e| bad(&format!("inflate: {e}")))?;
+            if status == flate2::Status::StreamEnd {
+                return Ok(());
+            }
+            let stuck = d.total_in() as usize == done_in && self.buf.len() == done_out;
+            if stuck && self.buf.len() < self.buf.capacity() {
+                return Err(bad("inflate: truncated stream"));
+            }
+            if self.buf.len() > MAX_INFLATED {
+                return Err(bad("inflate: histogram larger than any valid one"));
+            }
+            self.buf.reserve(self.buf.capacity());
+        }
+    }
+}
+
+/// More than the V2 encoding of any lockstep histogram (9 bytes x 34,000 buckets at most).
+const MAX_INFLATED: usize = 16 << 20;
+
+enum Stored {
+    One(std::ops::Range<usize>),
+    Many(Vec<std::ops::Range<usize>>),
+}
+
+/// The payload ranges of a zlib stream made only of stored blocks, `None` if it has a
+/// compressed block (to be inflated). Stored blocks start on byte boundaries when every block
+/// before them is stored, so they are read bytewise.
+fn stored_blocks(z: &[u8]) -> Result<Option<Stored>, HistogramCodecError> {
+    let (&cmf, &flg) = (
+        z.first().ok_or_else(|| bad("empty zlib stream"))?,
+        z.get(1).ok_or_else(|| bad("truncated zlib header"))?,
+    );
+    if cmf & 0x0f != 8 || (u16::from(cmf) << 8 | u16::from(flg)) % 31 != 0 || flg & 0x20 != 0 {
+        return Err(bad("not a zlib stream"));
+    }
+    let mut at = 2;
+    let mut ranges = Vec::new();
+    loop {
+        let header = *z.get(at).ok_or_else(|| bad("truncated zlib stream"))?;
+        if (header >> 1) & 3 != 0 {
+            return Ok(None);
+        }
+        let len = z
+            .get(at + 1..at + 5)
+            .ok_or_else(|| bad("truncated stored block"))?;
+        let n = u16::from_le_bytes([len[0], len[1]]);
+        if n != !u16::from_le_bytes([len[2], len[3]]) {
+            return Err(bad("stored block length check failed"));
+        }
+        let r = at + 5..at + 5 + usize::from(n);
+        if r.end > z.len() {
+            return Err(bad("truncated stored block"));
+        }
+        at = r.end;
+        ranges.push(r);
+        if header & 1 == 1 {
+            break;
+        }
+    }
+    if ranges.len() == 1 {
+        return Ok(Some(Stored::One(ranges.pop().unwrap())));
+    }
+    Ok(Some(Stored::Many(ranges)))
+}
+
+/// The adler-32 that closes a zlib stream (the last 4 bytes, which must follow the blocks).
+fn check_adler(data: &[u8], z: &[u8]) -> Result<(), HistogramCodecError> {
+    let want = z
+        .len()
+        .checked_sub(4)
+        .map(|at| be32(z, at))
+        .ok_or_else(|| bad("truncated zlib stream"))??;
+    if adler32(data) != want {
+        return Err(bad("zlib checksum mismatch"));
+    }
+    Ok(())
+}
+
+/// V2's counts: zig-zag LEB128 varints, a negative value being a run of that many empty
+/// buckets. Most are one byte (counts below 64, runs below 65), which the loop takes first.
+fn decode_counts(
+    payload: &[u8],
+    max_index: u32,
+    out: &mut Vec<(u32, u64)>,
+) -> Result<u64, HistogramCodecError> {
+    let mut total = 0u64;
+    let mut index: u64 = 0;
+    let mut at = 0;
+    while at < payload.len() {
+        let b = payload[at];
+        let raw = if b < 0x80 {
+            at += 1;
+            u64::from(b)
+        } else {
+            let (raw, used) = read_varint(&payload[at..]).ok_or_else(|| bad("bad varint"))?;
+            at += used;
+            raw
+        };
+        if raw & 1 == 0 {
+            let count = raw >> 1;
+            if count > 0 {
+                if index > u64::from(max_index) {
+                    return Err(bad("a count beyond the histogram's highest value"));
+                }
+                out.push((index as u32, count));
+                total += count;
+            }
+            index += 1;
+        } else {
+            index = index.saturating_add((raw >> 1) + 1);
+        }
+    }
+    Ok(total)
+}
+
+fn bad(m: &str) -> HistogramCodecError {
+    HistogramCodecError::Decode(m.to_string())
+}
+
+fn be32(b: &[u8], at: usize) -> Result<u32, HistogramCodecError> {
+    b.get(at..at + 4)
+        .map(|s| u32::from_be_bytes(s.try_into().unwrap()))
+        .ok_or_else(|| bad("truncated header"))
+}
+
+fn be64(b: &[u8], at: usize) -> Result<u64, HistogramCodecError> {
+    b.get(at..at + 8)
+        .map(|s| u64::from_be_bytes(s.try_into().unwrap()))
+        .ok_or_else(|| bad("truncated header"))
+}
+
 /// What `SparseHistogram::union_stats` computes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UnionStats {
@@ -477,6 +764,7 @@ pub struct UnionStats {
     pub max: u64,
 }
 
+/// The cookies carry a word-size nibble (0x10: 8-byte counts), as the crate writes them.
 const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
 const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
 
@@ -511,13 +799,16 @@ mod tests {
         fn sparse_matches_dense(
             a in prop::collection::vec((1u64..5_000_000_000u64, 1u64..50), 1..300),
             b in prop::collection::vec((1u64..50_000u64, 1u64..50), 0..300),
+            wire in prop_oneof![Just(Wire::Deflate), Just(Wire::Stored), Just(Wire::Plain)],
         ) {
             let mut da = lockstep_hist();
             let mut db = lockstep_hist();
             for &(v, n) in &a { da.record_n(v, n).unwrap(); }
             for &(v, n) in &b { db.record_n(v, n).unwrap(); }
-            let mut sa = SparseHistogram::decode(&encode(&da).unwrap()).unwrap();
-            let sb = SparseHistogram::decode(&encode(&db).unwrap()).unwrap();
+            let mut sa = SparseHistogram::decode(&encode_as(&da, wire).unwrap()).unwrap();
+            let sb = SparseHistogram::decode(&encode_as(&db, wire).unwrap()).unwrap();
+            // The standard reader takes every framing back to the same histogram.
+            prop_assert_eq!(decode(&encode_as(&da, wire).unwrap()).unwrap().unwrap(), da.clone());
             sa.merge(&sb).unwrap();
             da.add(&db).unwrap();
             // Small into large (the in-place path), a few times over.
@@ -548,6 +839,82 @@ mod tests {
             let back = sa.to_dense();
             prop_assert_eq!(back.value_at_quantile(0.99), da.value_at_quantile(0.99));
         }
+    }
+
+    proptest! {
+        /// Bucket indexes mean the same values as in the hdrhistogram crate.
+        #[test]
+        fn index_of_matches_the_crate(v in 1u64..3_600_000_000_000u64) {
+            let h = lockstep_hist();
+            let g = Geometry::new(1, 3_600_000_000_000, 3).unwrap();
+            let i = g.index_of(v);
+            prop_assert_eq!(g.lowest_equivalent(i), h.lowest_equivalent(v));
+            prop_assert_eq!(g.highest_equivalent(i), h.highest_equivalent(v));
+            prop_assert!(i <= g.max_index());
+        }
+    }
+
+    fn spread(values: usize, count: u64) -> Histogram<u64> {
+        let mut h = lockstep_hist();
+        let g = Geometry::new(1, 3_600_000_000_000, 3).unwrap();
+        for i in 0..values as u32 {
+            h.record_n(g.lowest_equivalent(i * 2), count).unwrap();
+        }
+        h
+    }
+
+    #[test]
+    fn stored_blocks_are_read_in_place_and_by_standard_inflaters() {
+        // One block, and a histogram too big for one (over 64 KiB of V2).
+        for h in [spread(1000, 3), spread(12_000, 1 << 40)] {
+            let bytes = encode_as(&h, Wire::Stored).unwrap();
+            assert_eq!(bytes[..4], V2_COMPRESSED_COOKIE.to_be_bytes());
+            let s = SparseHistogram::decode(&bytes).unwrap();
+            assert_eq!(s.len(), h.len());
+            assert_eq!(s.buckets_in_use(), h.iter_recorded().count());
+            // flate2's inflater (what hdrhistogram's reader and hlog tools use) agrees.
+            let mut inflated = Vec::new();
+            std::io::Read::read_to_end(
+                &mut flate2::read::ZlibDecoder::new(&bytes[8..]),
+                &mut inflated,
+            )
+            .unwrap();
+            let mut plain = Vec::new();
+            V2Serializer::new().serialize(&h, &mut plain).unwrap();
+            assert_eq!(inflated, plain);
+            assert_eq!(decode(&bytes).unwrap().unwrap(), h);
+        }
+        assert!(
+            encode_as(&spread(12_000, 1 << 40), Wire::Stored)
+                .unwrap()
+                .len()
+                > 65_535
+        );
+    }
+
+    #[test]
+    fn corrupt_encodings_are_refused() {
+        let h = spread(500, 7);
+        let stored = encode_as(&h, Wire::Stored).unwrap();
+        let mut flipped = stored.clone();
+        let mid = flipped.len() / 2;
+        flipped[mid] ^= 0x10;
+        let e = SparseHistogram::decode(&flipped).unwrap_err().to_string();
+        assert!(e.contains("checksum"), "{e}");
+        assert!(SparseHistogram::decode(&stored[..stored.len() - 3]).is_err());
+        let deflated = encode_as(&h, Wire::Deflate).unwrap();
+        assert!(SparseHistogram::decode(&deflated[..deflated.len() / 2]).is_err());
+        // A count past the histogram's highest trackable value.
+        let mut small = Histogram::<u64>::new_with_bounds(1, 2048, 3).unwrap();
+        small.record(2000).unwrap();
+        let mut plain = encode_as(&small, Wire::Plain).unwrap();
+        let n = plain.len();
+        plain[n - 1] = 0x7f; // the final varint: a run of 64 empty buckets
+        plain.push(0x02); // then a count of 1
+        let len = u32::from_be_bytes(plain[4..8].try_into().unwrap()) + 1;
+        plain[4..8].copy_from_slice(&len.to_be_bytes());
+        let e = SparseHistogram::decode(&plain).unwrap_err().to_string();
+        assert!(e.contains("beyond"), "{e}");
     }
 
     #[test]
