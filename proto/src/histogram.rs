@@ -704,14 +704,19 @@ fn check_adler(data: &[u8], z: &[u8]) -> Result<(), HistogramCodecError> {
 
 /// V2's counts: zig-zag LEB128 varints, a negative value being a run of that many empty
 /// buckets. Most are one byte (counts below 64, runs below 65), which the loop takes first.
+/// Counts and runs alternate with no pattern a branch predictor could learn, so the loop does
+/// not branch on which one it read: it writes every entry and keeps the non-zero ones by
+/// advancing the length (this loop was a fifth of the coordinator's merge profile).
 fn decode_counts(
     payload: &[u8],
     max_index: u32,
     out: &mut Vec<(u32, u64)>,
 ) -> Result<u64, HistogramCodecError> {
-    let mut total = 0u64;
-    let mut index: u64 = 0;
-    let mut at = 0;
+    // Each entry takes a byte at least.
+    out.reserve(payload.len());
+    let base = out.len();
+    let spare = &mut out.spare_capacity_mut()[..payload.len()];
+    let (mut total, mut index, mut at, mut n) = (0u64, 0u64, 0, 0);
     while at < payload.len() {
         let b = payload[at];
         let raw = if b < 0x80 {
@@ -722,19 +727,24 @@ fn decode_counts(
             at += used;
             raw
         };
-        if raw & 1 == 0 {
-            let count = raw >> 1;
-            if count > 0 {
-                if index > u64::from(max_index) {
-                    return Err(bad("a count beyond the histogram's highest value"));
-                }
-                out.push((index as u32, count));
-                total += count;
-            }
-            index += 1;
-        } else {
-            index = index.saturating_add((raw >> 1) + 1);
-        }
+        let run = raw & 1;
+        // A count for an even value, 0 for a run.
+        let count = (raw >> 1) & run.wrapping_sub(1);
+        spare[n].write((index.min(u64::from(u32::MAX)) as u32, count));
+        n += usize::from(count > 0);
+        total += count;
+        // A count moves one bucket on, a run (raw >> 1) + 1 buckets. Runs are capped off the
+        // loop's dependency chain so `index` cannot wrap whatever the bytes: at most 2^32 + 1
+        // per byte of a payload far below 2^31 bytes.
+        index += ((raw >> 1).min(1 << 32) & run.wrapping_neg()) + 1;
+    }
+    // SAFETY: the first `n` entries of the spare capacity were written above.
+    unsafe { out.set_len(base + n) };
+    if let Some(&(last, _)) = out.last()
+        && last > max_index
+    {
+        out.truncate(base);
+        return Err(bad("a count beyond the histogram's highest value"));
     }
     Ok(total)
 }
