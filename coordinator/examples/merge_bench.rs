@@ -1,32 +1,48 @@
 //! Benchmark of the coordinator's merge path with simulated agents (not a test).
 //!
-//! `cargo run --release -p lockstep --example merge_bench -- [--agents 1000] [--volumes 8] [--intervals 60]`
+//! `cargo run --release -p lockstep --example merge_bench -- [--agents 1000] [--volumes 8]
+//! [--intervals 60] [--wire stored|plain|deflate] [--per-volume] [--skip-report]`
 //!
-//! Each simulated agent sends, every interval, one report per volume with read and write
-//! latency histograms (HdrHistogram V2+deflate, as agents send them, ~2,000 IOs each from a
-//! lognormal around 0.5 ms). The merge runs on one thread (the coordinator's merge loop is one
-//! task), so "keeps up at 1 s intervals on one core" means: the time to merge one interval of
-//! every volume is below 1 s. It prints that time per interval (median and worst), the merge
-//! rate, peak memory, the time to finish (volume, node, cluster results), and the time for
-//! `lockstep report` to load results.json and render the text report of a run of this size.
+//! Each simulated agent sends, every interval, one `IntervalReport` with all its volumes, each
+//! with read and write latency histograms (~2,000 IOs each from a lognormal around 0.5 ms, in
+//! the `--wire` framing), as prost-encoded bytes: the path measured is prost decode -> merge,
+//! everything the coordinator does with a report short of the socket and the hlog. The merge
+//! runs on one thread (the coordinator's merge loop is one task), so "keeps up on one core"
+//! means the CPU time to handle one interval of every volume is below the interval. It prints,
+//! per interval, the median and worst wall and thread CPU time, the CPU per volume-interval
+//! (prost decode and merge apart), the bytes per volume-interval on the wire, peak memory, the
+//! time to finish (volume, node, cluster results), and the time for `lockstep report` to load
+//! results.json and render the text report of a run of this size. First it compares the three
+//! wire framings on the same histograms: bytes, the agent's encode and the coordinator's decode.
+//! `--per-volume` merges with `Merger::ingest`, one call per volume (the path of
+//! orchestrate/streams.rs today), instead of `Merger::ingest_report`.
 
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use lockstep::results::merge::{Merger, PlannedVolume};
 use lockstep::results::{RunResults, RunStatus};
-use lockstep_proto::histogram::encode;
-use lockstep_proto::v1::{DirInterval, VolumeInterval};
+use lockstep_proto::histogram::{BucketDecoder, WIRE, Wire, encode_as};
+use lockstep_proto::v1::{DirInterval, IntervalReport, VolumeInterval};
+use prost::Message;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
+fn args() -> Vec<String> {
+    std::env::args().collect()
+}
+
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args = args();
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+fn flag(name: &str) -> bool {
+    args().iter().any(|a| a == name)
 }
 
 fn peak_rss_mib() -> f64 {
@@ -39,46 +55,107 @@ fn peak_rss_mib() -> f64 {
     ru.ru_maxrss as f64 / 1024.0
 }
 
-fn main() {
-    let agents = arg("--agents", 1000);
-    let volumes = arg("--volumes", 8);
-    let intervals = arg("--intervals", 60);
-    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
+/// This thread's CPU time in seconds: on a shared machine, wall time also counts the time
+/// other processes held the core.
+fn cpu_s() -> f64 {
+    // SAFETY: clock_gettime fills the struct we pass.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+const POOL: usize = 64;
+
+/// `POOL` x [read, write] interval histograms of one volume.
+fn histograms(seed: u64) -> Vec<[Histogram<u64>; 2]> {
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let lat = LogNormal::new((500_000f64).ln(), 0.6).unwrap();
-    // 64 distinct interval reports, reused round robin (decoding cost does not depend on reuse).
-    let variants: Vec<VolumeInterval> = (0..64)
-        .map(|_| {
-            let mut dir = || {
-                let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
-                let n = 1500 + rng.random_range(0..1000);
-                for _ in 0..n {
-                    h.record((lat.sample(&mut rng) as u64).max(1)).unwrap();
-                }
-                DirInterval {
-                    ios: n,
-                    bytes: n * 8192,
-                    errors: 0,
-                    clat_hist: Vec::new(),
-                    lat_hist: encode(&h).unwrap(),
-                    lat_intended_hist: Vec::new(),
-                }
-            };
-            VolumeInterval {
-                volume: String::new(),
-                read: Some(dir()),
-                write: Some(dir()),
-                outstanding: 8.0,
-                configured_depth: 8,
-                active_faults: vec![],
+    let mut one = || {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
+        let n = 1500 + rng.random_range(0..1000);
+        for _ in 0..n {
+            h.record((lat.sample(&mut rng) as u64).max(1)).unwrap();
+        }
+        h
+    };
+    (0..POOL).map(|_| [one(), one()]).collect()
+}
+
+fn dir(h: &Histogram<u64>, wire: Wire) -> DirInterval {
+    DirInterval {
+        ios: h.len(),
+        bytes: h.len() * 8192,
+        errors: 0,
+        clat_hist: Vec::new(),
+        lat_hist: encode_as(h, wire).unwrap(),
+        lat_intended_hist: Vec::new(),
+    }
+}
+
+/// `POOL` prost-encoded reports of `volumes` volumes each, as an agent sends them.
+fn reports(hists: &[[Histogram<u64>; 2]], volumes: usize, wire: Wire) -> Vec<Vec<u8>> {
+    (0..POOL)
+        .map(|r| {
+            IntervalReport {
+                index: 0,
+                end_agent_ns: 0,
+                len_ns: 1_000_000_000,
+                volumes: (0..volumes)
+                    .map(|v| {
+                        let [rd, wr] = &hists[(r * volumes + v) % hists.len()];
+                        VolumeInterval {
+                            volume: format!("vol{v}"),
+                            read: Some(dir(rd, wire)),
+                            write: Some(dir(wr, wire)),
+                            outstanding: 8.0,
+                            configured_depth: 8,
+                            active_faults: vec![],
+                        }
+                    })
+                    .collect(),
             }
+            .encode_to_vec()
         })
-        .collect();
-    let wire_bytes: usize = variants
-        .iter()
-        .map(|v| v.read.as_ref().unwrap().lat_hist.len() * 2)
-        .sum::<usize>()
-        / 64;
-    let infos: Vec<PlannedVolume> = (0..agents)
+        .collect()
+}
+
+/// Bytes, agent encode and coordinator decode per histogram, for each framing.
+fn compare_wires(hists: &[[Histogram<u64>; 2]]) {
+    println!(
+        "wire framings on the same {} histograms (per histogram):",
+        hists.len() * 2
+    );
+    let all: Vec<&Histogram<u64>> = hists.iter().flatten().collect();
+    for wire in [Wire::Deflate, Wire::Stored, Wire::Plain] {
+        let reps = 20;
+        let t = cpu_s();
+        let mut encoded = Vec::new();
+        for _ in 0..reps {
+            encoded = all.iter().map(|h| encode_as(h, wire).unwrap()).collect();
+        }
+        let enc_us = (cpu_s() - t) * 1e6 / (reps * all.len()) as f64;
+        let mut dec = BucketDecoder::default();
+        let mut out = Vec::new();
+        let t = cpu_s();
+        for _ in 0..reps {
+            for b in &encoded {
+                dec.decode(b, &mut out).unwrap();
+            }
+        }
+        let dec_us = (cpu_s() - t) * 1e6 / (reps * all.len()) as f64;
+        let bytes = encoded.iter().map(Vec::len).sum::<usize>() as f64 / encoded.len() as f64;
+        println!(
+            "  {:<8} {bytes:>6.0} bytes   agent encode {enc_us:>6.2} us   coordinator decode {dec_us:>6.2} us",
+            format!("{wire:?}").to_lowercase()
+        );
+    }
+}
+
+fn planned(agents: usize, volumes: usize) -> Vec<PlannedVolume> {
+    (0..agents)
         .flat_map(|a| {
             (0..volumes).map(move |v| PlannedVolume {
                 node: format!("agent-{a}"),
@@ -88,32 +165,103 @@ fn main() {
                 target_iops: None,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Per interval: (wall s, cpu s), plus the CPU seconds spent in prost decode over the run.
+struct Timing {
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+    prost_cpu: f64,
+}
+
+fn run(merger: &mut Merger, pool: &[Vec<u8>], agents: usize, intervals: usize) -> Timing {
     let names: Vec<String> = (0..agents).map(|a| format!("agent-{a}")).collect();
-    let mut merger = Merger::new(1000, &infos);
-    let mut per_interval = Vec::with_capacity(intervals);
-    let t_all = Instant::now();
-    let mut k = 0usize;
+    let per_volume = flag("--per-volume");
+    let mut timing = Timing {
+        wall: Vec::new(),
+        cpu: Vec::new(),
+        prost_cpu: 0.0,
+    };
     for i in 0..intervals as u64 {
-        let t = Instant::now();
-        for name in &names {
-            for v in 0..volumes {
-                let mut vi = variants[k % variants.len()].clone();
-                k += 1;
-                vi.volume = format!("vol{v}");
-                merger.ingest(name, i, 1000, &vi, true).expect("merge");
+        let (t, c) = (Instant::now(), cpu_s());
+        for (a, name) in names.iter().enumerate() {
+            let bytes = &pool[(a + i as usize * 7) % pool.len()];
+            let c0 = cpu_s();
+            let mut report = IntervalReport::decode(&bytes[..]).expect("prost decode");
+            timing.prost_cpu += cpu_s() - c0;
+            report.index = i;
+            if per_volume {
+                for v in &report.volumes {
+                    merger.ingest(name, i, 1000, v, true).expect("merge");
+                }
+            } else {
+                for r in merger.ingest_report(name, &report, true) {
+                    r.expect("merge");
+                }
             }
         }
-        per_interval.push(t.elapsed().as_secs_f64());
+        timing.wall.push(t.elapsed().as_secs_f64());
+        timing.cpu.push(cpu_s() - c);
     }
-    let merge_total = t_all.elapsed().as_secs_f64();
-    per_interval.sort_by(f64::total_cmp);
+    timing
+}
+
+fn median_worst(v: &[f64]) -> (f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
+fn main() {
+    let agents = arg("--agents", 1000usize);
+    let volumes = arg("--volumes", 8usize);
+    let intervals = arg("--intervals", 60usize);
+    let wire: Wire = arg("--wire", WIRE);
+    let hists = histograms(7);
+    compare_wires(&hists);
+    let pool = reports(&hists, volumes, wire);
+    let wire_bytes = pool.iter().map(Vec::len).sum::<usize>() as f64 / (POOL * volumes) as f64;
+
+    let mut merger = Merger::new(1000, &planned(agents, volumes));
+    let t_all = cpu_s();
+    let timing = run(&mut merger, &pool, agents, intervals);
+    let merge_cpu = cpu_s() - t_all;
     let t = Instant::now();
     let fin = merger.finish(intervals as f64).unwrap();
     let finish_s = t.elapsed().as_secs_f64();
     let rss_after_merge = peak_rss_mib();
 
-    // A results directory of this size, then `lockstep report` on it.
+    let n = (agents * volumes) as f64;
+    let (wall_med, wall_worst) = median_worst(&timing.wall);
+    let (cpu_med, cpu_worst) = median_worst(&timing.cpu);
+    println!(
+        "merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread, wire {wire:?}{}",
+        if flag("--per-volume") {
+            ", Merger::ingest per volume"
+        } else {
+            ", Merger::ingest_report per agent"
+        }
+    );
+    println!("  wire bytes per volume-interval (prost IntervalReport / volumes): {wire_bytes:.0}");
+    println!(
+        "  per interval: wall median {wall_med:.3} s, worst {wall_worst:.3} s; CPU median {cpu_med:.3} s, worst {cpu_worst:.3} s (budget 1 s; goal 0.5 s at 10,000 x 8)"
+    );
+    println!(
+        "  CPU per volume-interval: {:.2} us (prost decode {:.2} us, merge {:.2} us)",
+        merge_cpu * 1e6 / (n * intervals as f64),
+        timing.prost_cpu * 1e6 / (n * intervals as f64),
+        (merge_cpu - timing.prost_cpu) * 1e6 / (n * intervals as f64),
+    );
+    println!("  finish (volume, node, cluster summaries): {finish_s:.3} s");
+    println!("  peak memory after merging: {rss_after_merge:.0} MiB");
+    if !flag("--skip-report") {
+        report_times(&merger, fin, intervals);
+    }
+}
+
+/// A results directory of this size, then `lockstep report` on it.
+fn report_times(merger: &Merger, fin: lockstep::results::merge::Finished, intervals: usize) {
     let results = RunResults {
         lockstep_version: "bench".into(),
         run_id: "bench".into(),
@@ -152,20 +300,6 @@ fn main() {
     let size = std::fs::metadata(dir.path().join("results.json"))
         .unwrap()
         .len();
-
-    let n = (agents * volumes) as f64;
-    println!(
-        "merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread"
-    );
-    println!("  wire size of one volume interval (2 histograms): {wire_bytes} bytes");
-    println!(
-        "  merge time per interval: median {:.3} s, worst {:.3} s (budget 1 s) -> {:.0} volume-intervals/s",
-        per_interval[per_interval.len() / 2],
-        per_interval[per_interval.len() - 1],
-        n * intervals as f64 / merge_total
-    );
-    println!("  finish (volume, node, cluster summaries): {finish_s:.3} s");
-    println!("  peak memory after merging: {rss_after_merge:.0} MiB");
     println!(
         "  writing the results directory: {write_s:.2} s; results.json {:.1} MiB",
         size as f64 / 1048576.0

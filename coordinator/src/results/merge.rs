@@ -8,9 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lockstep_proto::histogram::{Geometry, HistogramCodecError, SparseHistogram};
-use lockstep_proto::v1::{DirInterval, VolumeInterval};
+use lockstep_proto::histogram::{BucketDecoder, Geometry, HistogramCodecError, SparseHistogram};
+use lockstep_proto::v1::{DirInterval, IntervalReport, VolumeInterval};
 
+use crate::results::counts::{DenseCounts, PagedCounts, Union2, UnionFigures};
 use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::results::{ClusterPoint, DirSummary, LatSummary, NodeResult, Summary, VolumeResult};
 
@@ -43,8 +44,20 @@ pub struct PlannedVolume {
     pub target_iops: Option<f64>,
 }
 
+/// One direction of a volume over the run.
 #[derive(Debug, Clone, Default)]
 struct DirAcc {
+    ios: u64,
+    bytes: u64,
+    errors: u64,
+    lat: PagedCounts,
+    lat_intended: PagedCounts,
+}
+
+/// One direction's totals as sorted histograms, for summaries and node and cluster merges
+/// (only in `finish`).
+#[derive(Debug, Clone, Default)]
+struct DirTotal {
     ios: u64,
     bytes: u64,
     errors: u64,
@@ -65,8 +78,18 @@ fn merge_into(
     }
 }
 
-impl DirAcc {
-    fn add(&mut self, other: &DirAcc) -> Result<(), HistogramCodecError> {
+impl DirTotal {
+    fn of(d: &DirAcc) -> Self {
+        DirTotal {
+            ios: d.ios,
+            bytes: d.bytes,
+            errors: d.errors,
+            lat: d.lat.to_sparse(),
+            lat_intended: d.lat_intended.to_sparse(),
+        }
+    }
+
+    fn add(&mut self, other: &DirTotal) -> Result<(), HistogramCodecError> {
         self.ios += other.ios;
         self.bytes += other.bytes;
         self.errors += other.errors;
@@ -99,28 +122,8 @@ impl DirAcc {
     }
 }
 
-fn decode_dir(d: Option<&DirInterval>) -> Result<DirAcc, HistogramCodecError> {
-    let Some(d) = d else {
-        return Ok(DirAcc::default());
-    };
-    let h = |b: &[u8]| -> Result<Option<SparseHistogram>, HistogramCodecError> {
-        if b.is_empty() {
-            Ok(None)
-        } else {
-            SparseHistogram::decode(b).map(Some)
-        }
-    };
-    Ok(DirAcc {
-        ios: d.ios,
-        bytes: d.bytes,
-        errors: d.errors,
-        lat: h(&d.lat_hist)?,
-        lat_intended: h(&d.lat_intended_hist)?,
-    })
-}
-
-/// [read, write] accumulators.
-type Dirs = [DirAcc; 2];
+/// [read, write] totals.
+type Dirs = [DirTotal; 2];
 
 fn summarize(d: &Dirs, seconds: f64) -> Result<Summary, HistogramCodecError> {
     let mut total = d[0].clone();
@@ -134,14 +137,19 @@ fn summarize(d: &Dirs, seconds: f64) -> Result<Summary, HistogramCodecError> {
 
 struct VolumeAcc {
     series: VolumeSeries,
-    total: Dirs,
+    total: [DirAcc; 2],
     outstanding_sum: f64,
     intervals: u64,
 }
 
-/// The cluster at one interval. While an interval is still arriving its latency counts are
-/// kept dense (adding a volume is then a pass over that volume's buckets only); two intervals
-/// later it is closed into the sparse form, and the rare late report merges into that.
+/// Intervals this far behind the newest are closed: their latency counts are dropped and only
+/// their figures kept, so a 12-hour run does not keep 43,200 histograms. Ten intervals leave
+/// room for agents that report late (a slow link, a replay after a short cut-off) while the
+/// open ones hold at most 10 x 270 KiB.
+const OPEN_INTERVALS: u64 = 10;
+
+/// The cluster at one interval. While open, its latency counts are kept dense (adding a volume
+/// is a pass over that volume's buckets only); once closed, only the percentiles computed then.
 #[derive(Default)]
 struct ClusterInterval {
     t_ms: u64,
@@ -149,57 +157,139 @@ struct ClusterInterval {
     ios: u64,
     bytes: u64,
     errors: u64,
-    dense: Vec<u64>,
-    geometry: Option<Geometry>,
-    lat: Option<SparseHistogram>,
     volumes: u32,
+    lat: DenseCounts,
+    /// p50, p99 and p99.9 at closing.
+    closed: Option<[u64; 3]>,
 }
+
+const CLUSTER_QS: [f64; 3] = [0.5, 0.99, 0.999];
 
 impl ClusterInterval {
-    fn add(&mut self, h: &SparseHistogram) -> Result<(), HistogramCodecError> {
-        match &mut self.lat {
-            Some(s) => s.merge(h),
-            None => {
-                self.geometry.get_or_insert(h.geometry);
-                h.add_to_dense(&mut self.dense);
-                Ok(())
-            }
-        }
-    }
-
     fn close(&mut self) {
-        if self.lat.is_none() {
-            if let Some(g) = self.geometry {
-                self.lat = Some(SparseHistogram::from_counts(g, &self.dense));
-            }
-            self.dense = Vec::new();
+        if self.closed.is_none() {
+            self.closed = Some(self.lat.quantiles(CLUSTER_QS));
+            self.lat = DenseCounts::default();
         }
     }
 
-    fn histogram(&self) -> Option<SparseHistogram> {
-        match (&self.lat, self.geometry) {
-            (Some(s), _) => Some(s.clone()),
-            (None, Some(g)) => Some(SparseHistogram::from_counts(g, &self.dense)),
-            _ => None,
+    fn point(&self) -> ClusterPoint {
+        let secs = (self.len_ms.max(1)) as f64 / 1000.0;
+        let q = self
+            .closed
+            .unwrap_or_else(|| self.lat.quantiles(CLUSTER_QS));
+        let us = |ns: u64| ns as f64 / 1000.0;
+        ClusterPoint {
+            t_ms: self.t_ms,
+            iops: self.ios as f64 / secs,
+            bytes_per_sec: self.bytes as f64 / secs,
+            errors: self.errors,
+            lat_p50_us: us(q[0]),
+            lat_p99_us: us(q[1]),
+            lat_p999_us: us(q[2]),
+            volumes: self.volumes,
         }
     }
 }
 
-/// The latency a volume is judged by: from the intended issue time in open-loop mode (what a
-/// client of a rate-limited service sees), otherwise from the actual issue.
-fn judged(d: &DirAcc) -> Option<&SparseHistogram> {
-    d.lat_intended.as_ref().or(d.lat.as_ref())
+/// One volume-interval's histograms decoded into reused buffers: [read, write] x [lat,
+/// lat_intended], each with its geometry when the agent sent one.
+#[derive(Default)]
+struct Decoded {
+    decoder: BucketDecoder,
+    buckets: [[Vec<(u32, u64)>; 2]; 2],
+    geometry: [[Option<Geometry>; 2]; 2],
+    union: Union2,
+}
+
+impl Decoded {
+    fn decode(&mut self, vi: &VolumeInterval) -> Result<(), HistogramCodecError> {
+        for (d, dir) in [&vi.read, &vi.write].into_iter().enumerate() {
+            for k in 0..2 {
+                let bytes: &[u8] = match dir {
+                    Some(x) if k == 0 => &x.lat_hist,
+                    Some(x) => &x.lat_intended_hist,
+                    None => &[],
+                };
+                self.geometry[d][k] = if bytes.is_empty() {
+                    self.buckets[d][k].clear();
+                    None
+                } else {
+                    Some(self.decoder.decode(bytes, &mut self.buckets[d][k])?.0)
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The latency a volume is judged by: from the intended issue time in open-loop mode (what
+    /// a client of a rate-limited service sees), otherwise from the actual issue.
+    fn judged(&self, d: usize) -> Option<(Geometry, &[(u32, u64)])> {
+        let k = if self.geometry[d][1].is_some() { 1 } else { 0 };
+        Some((self.geometry[d][k]?, &self.buckets[d][k]))
+    }
+
+    /// Adds this volume-interval to the volume's run totals and to the cluster interval (each
+    /// when given) and computes the point's figures (both directions' judged latency together),
+    /// in one pass over each histogram.
+    fn absorb(
+        &mut self,
+        mut totals: Option<&mut [DirAcc; 2]>,
+        mut cluster: Option<&mut DenseCounts>,
+    ) -> Result<UnionFigures<2>, HistogramCodecError> {
+        let geometry = match (self.judged(0), self.judged(1)) {
+            (Some((g, _)), Some((h, _))) if g != h => {
+                return Err(HistogramCodecError::Decode(format!(
+                    "read and write histograms of different precision ({g:?} vs {h:?})"
+                )));
+            }
+            (Some((g, _)), _) | (None, Some((g, _))) => Some(g),
+            (None, None) => None,
+        };
+        for d in 0..2 {
+            let judged = if self.geometry[d][1].is_some() { 1 } else { 0 };
+            if self.geometry[d][judged].is_none() {
+                self.union.clear(d);
+            }
+            for k in 0..2 {
+                let Some(g) = self.geometry[d][k] else {
+                    continue;
+                };
+                let list = &self.buckets[d][k];
+                let total = totals.as_deref_mut().map(|t| match k {
+                    0 => &mut t[d].lat,
+                    _ => &mut t[d].lat_intended,
+                });
+                if k == judged {
+                    self.union.take(d, g, list, total, cluster.as_deref_mut())?;
+                } else if let Some(t) = total {
+                    t.add(g, list)?;
+                }
+            }
+        }
+        let Some(g) = geometry else {
+            return Ok(UnionFigures {
+                quantiles: [0; 2],
+                mean: 0.0,
+                max: 0,
+            });
+        };
+        let lists = [0, 1].map(|d| self.judged(d).map_or(&[][..], |(_, l)| l));
+        Ok(self.union.figures(g, lists, [0.5, 0.99]))
+    }
 }
 
 pub struct Merger {
     interval_ms: u64,
-    /// agent -> (volume, index into `volumes`): looked up without allocating per report.
+    /// agent -> its volumes in plan order (the order it reports them in), as (volume, index
+    /// into `volumes`).
     index: HashMap<String, Vec<(String, usize)>>,
     volumes: Vec<VolumeAcc>,
     cluster: BTreeMap<u64, ClusterInterval>,
     newest: Option<u64>,
-    /// Cluster intervals below this index are closed (sparse).
+    /// Cluster intervals below this index are closed.
     closed_below: u64,
+    decoded: Decoded,
 }
 
 impl Merger {
@@ -234,6 +324,7 @@ impl Merger {
             cluster: BTreeMap::new(),
             newest: None,
             closed_below: 0,
+            decoded: Decoded::default(),
         }
     }
 
@@ -249,72 +340,126 @@ impl Merger {
         vi: &VolumeInterval,
         measured: bool,
     ) -> Result<VolumePoint, MergeError> {
+        let vix = self
+            .lookup(agent, &vi.volume)
+            .ok_or_else(|| unknown(agent, vi, index))?;
+        self.ingest_volume(vix, agent, index, len_ms, vi, measured)
+    }
+
+    /// Takes a whole interval report of `agent` (every volume it has), as `ingest` would each
+    /// volume, and gives each volume's point or error in the report's order. The agent is
+    /// looked up once and its volumes by position (agents report them in plan order), by name
+    /// only when the position does not match.
+    pub fn ingest_report(
+        &mut self,
+        agent: &str,
+        report: &IntervalReport,
+        measured: bool,
+    ) -> Vec<Result<VolumePoint, MergeError>> {
+        let len_ms = report.len_ns / 1_000_000;
+        let planned = self.index.get(agent).map(Vec::as_slice).unwrap_or(&[]);
+        let at: Vec<Option<usize>> = report
+            .volumes
+            .iter()
+            .enumerate()
+            .map(|(k, vi)| {
+                planned
+                    .get(k)
+                    .filter(|(name, _)| *name == vi.volume)
+                    .or_else(|| planned.iter().find(|(name, _)| *name == vi.volume))
+                    .map(|&(_, i)| i)
+            })
+            .collect();
+        report
+            .volumes
+            .iter()
+            .zip(at)
+            .map(|(vi, vix)| {
+                let vix = vix.ok_or_else(|| unknown(agent, vi, report.index))?;
+                self.ingest_volume(vix, agent, report.index, len_ms, vi, measured)
+            })
+            .collect()
+    }
+
+    fn ingest_volume(
+        &mut self,
+        vix: usize,
+        agent: &str,
+        index: u64,
+        len_ms: u64,
+        vi: &VolumeInterval,
+        measured: bool,
+    ) -> Result<VolumePoint, MergeError> {
         let err = |source| MergeError::Histogram {
             agent: agent.into(),
             volume: vi.volume.clone(),
             index,
             source,
         };
-        let vix = self
-            .lookup(agent, &vi.volume)
-            .ok_or_else(|| MergeError::UnknownVolume {
-                agent: agent.into(),
-                volume: vi.volume.clone(),
-                index,
-            })?;
-        let dirs: Dirs = [
-            decode_dir(vi.read.as_ref()).map_err(err)?,
-            decode_dir(vi.write.as_ref()).map_err(err)?,
-        ];
-        // Both directions together, for the point (walked together, never built).
-        let parts: Vec<&SparseHistogram> = dirs.iter().filter_map(judged).collect();
-        let u = SparseHistogram::union_stats(&parts, &[0.5, 0.99]);
+        let dec = &mut self.decoded;
+        dec.decode(vi).map_err(err)?;
+        let acc = &mut self.volumes[vix];
         let t_ms = (index + 1) * self.interval_ms;
+        let dir =
+            |d: &Option<DirInterval>| d.as_ref().map_or([0; 3], |d| [d.ios, d.bytes, d.errors]);
+        let (r, w) = (dir(&vi.read), dir(&vi.write));
+        let u = if measured {
+            let c = self.cluster.entry(index).or_default();
+            c.t_ms = t_ms;
+            c.len_ms = c.len_ms.max(len_ms);
+            c.ios += r[0] + w[0];
+            c.bytes += r[1] + w[1];
+            c.errors += r[2] + w[2];
+            c.volumes += 1;
+            // A report after its interval closed (an agent more than OPEN_INTERVALS behind)
+            // adds its IOs, bytes and errors, but not its latencies: the cluster's percentiles
+            // for that interval stay those computed at closing. The volume's and the run's
+            // figures include them exactly.
+            let lat = c.closed.is_none().then_some(&mut c.lat);
+            for (d, t) in acc.total.iter_mut().enumerate() {
+                let x = [r, w][d];
+                t.ios += x[0];
+                t.bytes += x[1];
+                t.errors += x[2];
+            }
+            acc.outstanding_sum += vi.outstanding;
+            acc.intervals += 1;
+            dec.absorb(Some(&mut acc.total), lat).map_err(err)?
+        } else {
+            dec.absorb(None, None).map_err(err)?
+        };
         let us = |ns: u64| ns as f64 / 1000.0;
         let point = VolumePoint {
             t_ms,
             len_ms,
-            ios: [dirs[0].ios, dirs[1].ios],
-            bytes: [dirs[0].bytes, dirs[1].bytes],
-            errors: [dirs[0].errors, dirs[1].errors],
+            ios: [r[0], w[0]],
+            bytes: [r[1], w[1]],
+            errors: [r[2], w[2]],
             outstanding: vi.outstanding,
             lat_mean_us: u.mean / 1000.0,
             lat_p50_us: us(u.quantiles[0]),
             lat_p99_us: us(u.quantiles[1]),
             lat_max_us: us(u.max),
         };
-        let acc = &mut self.volumes[vix];
         acc.series.configured_depth = vi.configured_depth;
         acc.series.points.push(point);
         if !measured {
             return Ok(point);
         }
-        acc.total[0].add(&dirs[0]).map_err(err)?;
-        acc.total[1].add(&dirs[1]).map_err(err)?;
-        acc.outstanding_sum += vi.outstanding;
-        acc.intervals += 1;
-        let c = self.cluster.entry(index).or_default();
-        c.t_ms = t_ms;
-        c.len_ms = c.len_ms.max(len_ms);
-        c.ios += point.ios[0] + point.ios[1];
-        c.bytes += point.bytes[0] + point.bytes[1];
-        c.errors += point.errors[0] + point.errors[1];
-        c.volumes += 1;
-        for h in &parts {
-            c.add(h).map_err(err)?;
-        }
-        // Intervals two behind the newest are complete: close them into the sparse form.
-        if self.newest.is_none_or(|n| index > n) {
-            self.newest = Some(index);
-            for (_, c) in self
-                .cluster
-                .range_mut(self.closed_below..index.saturating_sub(1))
-            {
-                c.close();
-            }
-            self.closed_below = self.closed_below.max(index.saturating_sub(1));
-        }
+        self.close_behind(index);
         Ok(point)
+    }
+
+    fn close_behind(&mut self, index: u64) {
+        if self.newest.is_some_and(|n| index <= n) {
+            return;
+        }
+        self.newest = Some(index);
+        let below = index.saturating_sub(OPEN_INTERVALS - 1);
+        for (_, c) in self.cluster.range_mut(self.closed_below..below) {
+            c.close();
+        }
+        self.closed_below = self.closed_below.max(below);
     }
 
     fn lookup(&self, agent: &str, volume: &str) -> Option<usize> {
@@ -334,24 +479,7 @@ impl Merger {
 
     /// The cluster at interval `index`, from whatever volumes reported it so far.
     pub fn cluster_point(&self, index: u64) -> Option<ClusterPoint> {
-        self.cluster.get(&index).map(|c| {
-            let secs = (c.len_ms.max(1)) as f64 / 1000.0;
-            let h = c.histogram();
-            let q = |q: f64| {
-                h.as_ref()
-                    .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0)
-            };
-            ClusterPoint {
-                t_ms: c.t_ms,
-                iops: c.ios as f64 / secs,
-                bytes_per_sec: c.bytes as f64 / secs,
-                errors: c.errors,
-                lat_p50_us: q(0.5),
-                lat_p99_us: q(0.99),
-                lat_p999_us: q(0.999),
-                volumes: c.volumes,
-            }
-        })
+        self.cluster.get(&index).map(ClusterInterval::point)
     }
 
     pub fn latest_index(&self) -> Option<u64> {
@@ -377,19 +505,20 @@ impl Merger {
     pub fn finish(&self, seconds: f64) -> Result<Finished, HistogramCodecError> {
         let mut volumes = Vec::with_capacity(self.volumes.len());
         let mut nodes: BTreeMap<&str, Dirs> = BTreeMap::new();
-        let mut cluster: Dirs = Default::default();
+        let mut cluster = ClusterTotals::default();
         for v in &self.volumes {
             // A lost volume's rates are over the time it ran.
             let secs = match v.series.lost_at_ms {
                 Some(ms) => (ms as f64 / 1000.0).min(seconds).max(1e-3),
                 None => seconds,
             };
+            let total = [DirTotal::of(&v.total[0]), DirTotal::of(&v.total[1])];
             volumes.push(VolumeResult {
                 node: v.series.node.clone(),
                 volume: v.series.volume.clone(),
                 role: v.series.role.clone(),
                 model: v.series.model.clone(),
-                summary: summarize(&v.total, secs)?,
+                summary: summarize(&total, secs)?,
                 outstanding_mean: if v.intervals > 0 {
                     v.outstanding_sum / v.intervals as f64
                 } else {
@@ -400,8 +529,8 @@ impl Merger {
             });
             let n = nodes.entry(&v.series.node).or_default();
             for d in 0..2 {
-                n[d].add(&v.total[d])?;
-                cluster[d].add(&v.total[d])?;
+                n[d].add(&total[d])?;
+                cluster.add(d, &total[d])?;
             }
         }
         let nodes = nodes
@@ -413,13 +542,9 @@ impl Merger {
                 })
             })
             .collect::<Result<Vec<_>, HistogramCodecError>>()?;
-        let cluster_timeline = self
-            .cluster
-            .keys()
-            .filter_map(|&k| self.cluster_point(k))
-            .collect();
+        let cluster_timeline = self.cluster.values().map(ClusterInterval::point).collect();
         Ok(Finished {
-            cluster: summarize(&cluster, seconds)?,
+            cluster: summarize(&cluster.finish(), seconds)?,
             nodes,
             volumes,
             cluster_timeline,
@@ -431,11 +556,70 @@ impl Merger {
         let i = self.lookup(node, volume)?;
         let mut both = None;
         for d in &self.volumes[i].total {
-            if let Some(h) = judged(d) {
-                merge_into(&mut both, h).ok()?;
+            let judged = if d.lat_intended.is_set() {
+                &d.lat_intended
+            } else {
+                &d.lat
+            };
+            if let Some(h) = judged.to_sparse() {
+                merge_into(&mut both, &h).ok()?;
             }
         }
         both
+    }
+}
+
+fn unknown(agent: &str, vi: &VolumeInterval, index: u64) -> MergeError {
+    MergeError::UnknownVolume {
+        agent: agent.into(),
+        volume: vi.volume.clone(),
+        index,
+    }
+}
+
+type DenseTotal = (Geometry, Vec<u64>);
+
+/// The whole cluster's run totals, summed dense: merging 80,000 volumes' sorted lists one
+/// into the next would walk the growing list each time.
+#[derive(Default)]
+struct ClusterTotals {
+    counters: [[u64; 3]; 2],
+    /// [direction][lat, lat_intended]
+    lat: [[Option<DenseTotal>; 2]; 2],
+}
+
+impl ClusterTotals {
+    fn add(&mut self, d: usize, t: &DirTotal) -> Result<(), HistogramCodecError> {
+        self.counters[d][0] += t.ios;
+        self.counters[d][1] += t.bytes;
+        self.counters[d][2] += t.errors;
+        for (k, h) in [&t.lat, &t.lat_intended].into_iter().enumerate() {
+            let Some(h) = h else { continue };
+            let (g, dense) = self.lat[d][k].get_or_insert_with(|| (h.geometry, Vec::new()));
+            if *g != h.geometry && !h.is_empty() {
+                return Err(HistogramCodecError::Decode(format!(
+                    "cannot merge histograms of different precision ({g:?} vs {:?})",
+                    h.geometry
+                )));
+            }
+            h.add_to_dense(dense);
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Dirs {
+        let mut out: Dirs = Default::default();
+        for (d, o) in out.iter_mut().enumerate() {
+            [o.ios, o.bytes, o.errors] = self.counters[d];
+            let sparse = |k: usize| {
+                self.lat[d][k]
+                    .as_ref()
+                    .map(|(g, dense)| SparseHistogram::from_counts(*g, dense))
+            };
+            o.lat = sparse(0);
+            o.lat_intended = sparse(1);
+        }
+        out
     }
 }
 
@@ -531,5 +715,212 @@ mod tests {
         assert_eq!(f.volumes[0].summary.read.ios, 2);
         assert_eq!(m.timeline().volumes[0].points.len(), 2);
         assert!((f.volumes[0].summary.read.iops - 2.0 / 1.5).abs() < 1e-9);
+    }
+
+    fn planned(nodes: usize, vols: usize) -> Vec<PlannedVolume> {
+        (0..nodes)
+            .flat_map(|n| {
+                (0..vols).map(move |v| PlannedVolume {
+                    node: format!("n{n}"),
+                    volume: format!("v{v}"),
+                    role: "r".into(),
+                    model: None,
+                    target_iops: None,
+                })
+            })
+            .collect()
+    }
+
+    fn dir(lat: &[u64], intended: Option<&[u64]>) -> DirInterval {
+        DirInterval {
+            ios: lat.len() as u64,
+            bytes: lat.len() as u64 * 4096,
+            errors: 1,
+            clat_hist: Vec::new(),
+            lat_hist: if lat.is_empty() {
+                Vec::new()
+            } else {
+                encode(&hist(lat)).unwrap()
+            },
+            lat_intended_hist: intended.map_or(Vec::new(), |i| encode(&hist(i)).unwrap()),
+        }
+    }
+
+    /// One agent's report of interval `index`: [volume][read, write] latencies.
+    fn report(index: u64, vols: &[[Vec<u64>; 2]], open_loop: bool) -> IntervalReport {
+        IntervalReport {
+            index,
+            end_agent_ns: 0,
+            len_ns: 1_000_000_000,
+            volumes: vols
+                .iter()
+                .enumerate()
+                .map(|(v, [r, w])| {
+                    // Open loop: the intended-issue latency is the actual one plus a wait.
+                    let late = |x: &Vec<u64>| x.iter().map(|l| l + 5_000).collect::<Vec<_>>();
+                    let (ri, wi) = (late(r), late(w));
+                    VolumeInterval {
+                        volume: format!("v{v}"),
+                        read: Some(dir(r, open_loop.then_some(&ri))),
+                        write: Some(dir(w, open_loop.then_some(&wi))),
+                        outstanding: 1.0,
+                        configured_depth: 1,
+                        active_faults: vec![],
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn assert_exact(got: &LatSummary, want: &Histogram<u64>) {
+        assert_eq!(got.n, want.len());
+        if want.is_empty() {
+            return;
+        }
+        for p in crate::results::PERCENTILES {
+            assert_eq!(got.p(p), want.value_at_percentile(p), "p{p}");
+        }
+        assert_eq!(got.max_ns, want.highest_equivalent(want.max()));
+        assert_eq!(got.min_ns, want.lowest_equivalent(want.min()));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Volume, node, cluster and per-interval cluster percentiles equal HdrHistogram's on
+        /// the same IOs, for closed and open loops, however the reports interleave.
+        #[test]
+        fn merged_results_equal_hdrhistogram_on_the_same_data(
+            lat in proptest::collection::vec(
+                proptest::collection::vec(1u64..2_000_000_000u64, 0..40), 2 * 2 * 2 * 3),
+            open_loop in proptest::bool::ANY,
+        ) {
+            // 2 nodes x 2 volumes x [read, write] x 3 intervals.
+            let (nodes, vols, intervals) = (2, 2, 3u64);
+            let at = |n: usize, v: usize, d: usize, i: u64| &lat[((n * vols + v) * 2 + d) * 3 + i as usize];
+            let mut m = Merger::new(1000, &planned(nodes, vols));
+            for i in 0..intervals {
+                for n in 0..nodes {
+                    let vs: Vec<[Vec<u64>; 2]> = (0..vols)
+                        .map(|v| [at(n, v, 0, i).clone(), at(n, v, 1, i).clone()])
+                        .collect();
+                    for r in m.ingest_report(&format!("n{n}"), &report(i, &vs, open_loop), true) {
+                        r.unwrap();
+                    }
+                }
+            }
+            let f = m.finish(3.0).unwrap();
+            let judged = |x: u64| if open_loop { x + 5_000 } else { x };
+            let mut cluster = [hist(&[]), hist(&[])];
+            for n in 0..nodes {
+                let mut node = [hist(&[]), hist(&[])];
+                for v in 0..vols {
+                    let r = &f.volumes[n * vols + v];
+                    let mut both = hist(&[]);
+                    for d in 0..2 {
+                        let all: Vec<u64> = (0..intervals).flat_map(|i| at(n, v, d, i).clone()).collect();
+                        let h = hist(&all);
+                        assert_exact(&[&r.summary.read, &r.summary.write][d].lat, &h);
+                        node[d].add(&h).unwrap();
+                        cluster[d].add(&h).unwrap();
+                        both.add(&h).unwrap();
+                    }
+                    assert_exact(&r.summary.total.lat, &both);
+                }
+                assert_exact(&f.nodes[n].summary.read.lat, &node[0]);
+                assert_exact(&f.nodes[n].summary.write.lat, &node[1]);
+            }
+            assert_exact(&f.cluster.read.lat, &cluster[0]);
+            assert_exact(&f.cluster.write.lat, &cluster[1]);
+            for i in 0..intervals {
+                let mut h = hist(&[]);
+                for n in 0..nodes {
+                    for v in 0..vols {
+                        for d in 0..2 {
+                            for &x in at(n, v, d, i) {
+                                h.record(judged(x)).unwrap();
+                            }
+                        }
+                    }
+                }
+                let p = m.cluster_point(i).unwrap();
+                let us = |ns: u64| ns as f64 / 1000.0;
+                proptest::prop_assert_eq!(p.lat_p99_us, if h.is_empty() { 0.0 } else { us(h.value_at_quantile(0.99)) });
+                proptest::prop_assert_eq!(p.lat_p999_us, if h.is_empty() { 0.0 } else { us(h.value_at_quantile(0.999)) });
+                proptest::prop_assert_eq!(p.volumes as usize, nodes * vols);
+            }
+        }
+    }
+
+    #[test]
+    fn a_report_finds_its_volumes_by_position_then_by_name() {
+        let mut m = Merger::new(1000, &planned(1, 3));
+        let mut r = report(
+            0,
+            &[
+                [vec![100], vec![]],
+                [vec![200], vec![]],
+                [vec![300], vec![]],
+            ],
+            false,
+        );
+        r.volumes.swap(0, 2); // v2, v1, v0: only v1 is where the plan has it
+        r.volumes.push(VolumeInterval {
+            volume: "logs".into(),
+            ..r.volumes[0].clone()
+        });
+        let out = m.ingest_report("n0", &r, true);
+        assert_eq!(out.len(), 4);
+        let p99: Vec<f64> = out[..3]
+            .iter()
+            .map(|p| p.as_ref().unwrap().lat_p99_us)
+            .collect();
+        assert_eq!(p99, vec![0.3, 0.2, 0.1]);
+        let e = out[3].as_ref().unwrap_err().to_string();
+        assert!(e.contains("'logs'") && e.contains("'n0'"), "{e}");
+        let f = m.finish(1.0).unwrap();
+        let read_max: Vec<u64> = f
+            .volumes
+            .iter()
+            .map(|v| v.summary.read.lat.max_ns)
+            .collect();
+        assert_eq!(read_max, vec![100, 200, 300]);
+        assert!(
+            m.ingest_report("nobody", &r, true)
+                .iter()
+                .all(Result::is_err)
+        );
+    }
+
+    #[test]
+    fn closed_intervals_keep_their_figures_not_their_histograms() {
+        let mut m = Merger::new(1000, &[info("a"), info("b")]);
+        for i in 0..30 {
+            m.ingest("a", i, 1000, &vi("data", &[1_000_000 + i]), true)
+                .unwrap();
+        }
+        let closed = |m: &Merger| m.cluster.values().filter(|c| c.closed.is_some()).count();
+        assert_eq!(closed(&m) as u64, 30 - OPEN_INTERVALS);
+        assert!(
+            m.cluster
+                .values()
+                .filter(|c| c.closed.is_some())
+                .all(|c| c.lat.quantiles([1.0]) == [0])
+        );
+        let before = m.cluster_point(3).unwrap();
+        assert_eq!(before.lat_p99_us, 1000.447);
+        // b reports interval 3 late, with one slow IO: counted, but not in the closed percentiles.
+        m.ingest("b", 3, 1000, &vi("data", &[500_000_000]), true)
+            .unwrap();
+        let after = m.cluster_point(3).unwrap();
+        assert_eq!(after.iops, 2.0);
+        assert_eq!(after.volumes, 2);
+        assert_eq!(after.lat_p99_us, before.lat_p99_us);
+        // The volume's own totals have it, exactly.
+        let f = m.finish(30.0).unwrap();
+        assert_eq!(f.volumes[1].summary.read.lat.max_ns, 500_170_751);
+        // An open interval still takes a late report's latencies.
+        m.ingest("b", 25, 1000, &vi("data", &[500_000_000]), true)
+            .unwrap();
+        assert_eq!(m.cluster_point(25).unwrap().lat_p99_us, 500_170.751);
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod chokepoint;
 pub mod clock;
+pub mod counts;
 pub mod curve;
 pub mod drill;
 pub mod hlog;
