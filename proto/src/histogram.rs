@@ -500,6 +500,43 @@ impl SparseHistogram {
         self.value_at_quantile(p / 100.0)
     }
 
+    /// `value_at_percentile` of each of `ps` (ascending) in one walk over the buckets: a
+    /// summary asks for 17 percentiles, and 80,000 volumes' summaries took seconds one walk
+    /// per percentile.
+    pub fn values_at_percentiles(&self, ps: &[f64]) -> Vec<u64> {
+        debug_assert!(ps.windows(2).all(|w| w[0] <= w[1]));
+        let mut out = vec![0; ps.len()];
+        if self.total == 0 {
+            return out;
+        }
+        let targets: Vec<(f64, u64)> = ps
+            .iter()
+            .map(|&p| {
+                let q = (p / 100.0).clamp(0.0, 1.0);
+                (q, ((q * self.total as f64).ceil() as u64).max(1))
+            })
+            .collect();
+        let (mut acc, mut next) = (0, 0);
+        for &(i, c) in &self.buckets {
+            acc += c;
+            while next < ps.len() && acc >= targets[next].1 {
+                out[next] = if targets[next].0 == 0.0 {
+                    self.geometry.lowest_equivalent(i)
+                } else {
+                    self.geometry.highest_equivalent(i)
+                };
+                next += 1;
+            }
+            if next == ps.len() {
+                break;
+            }
+        }
+        for v in &mut out[next..] {
+            *v = self.max();
+        }
+        out
+    }
+
     pub fn min(&self) -> u64 {
         self.buckets
             .first()
@@ -835,6 +872,11 @@ mod tests {
             }
             prop_assert_eq!(sa.max(), da.max());
             prop_assert_eq!(sa.min(), da.min());
+            let ps = [0.0, 1.0, 50.0, 50.0, 99.0, 99.99, 100.0];
+            prop_assert_eq!(
+                sa.values_at_percentiles(&ps),
+                ps.iter().map(|&p| da.value_at_percentile(p)).collect::<Vec<_>>()
+            );
             prop_assert!((sa.mean() - da.mean()).abs() <= da.mean() * 1e-9 + 1e-9);
             let u = SparseHistogram::union_stats(&[&sa, &sb], &[0.5, 0.99]);
             let mut m = sa.clone();

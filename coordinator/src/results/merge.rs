@@ -503,51 +503,61 @@ impl Merger {
     /// Volume, node and cluster results and the cluster timeline. `seconds` is the measured
     /// duration used for rates.
     pub fn finish(&self, seconds: f64) -> Result<Finished, HistogramCodecError> {
-        let mut volumes = Vec::with_capacity(self.volumes.len());
-        let mut nodes: BTreeMap<&str, Dirs> = BTreeMap::new();
+        let mut volumes: Vec<Option<VolumeResult>> = vec![None; self.volumes.len()];
         let mut cluster = ClusterTotals::default();
-        for v in &self.volumes {
-            // A lost volume's rates are over the time it ran.
-            let secs = match v.series.lost_at_ms {
-                Some(ms) => (ms as f64 / 1000.0).min(seconds).max(1e-3),
-                None => seconds,
-            };
-            let total = [DirTotal::of(&v.total[0]), DirTotal::of(&v.total[1])];
-            volumes.push(VolumeResult {
-                node: v.series.node.clone(),
-                volume: v.series.volume.clone(),
-                role: v.series.role.clone(),
-                model: v.series.model.clone(),
-                summary: summarize(&total, secs)?,
-                outstanding_mean: if v.intervals > 0 {
-                    v.outstanding_sum / v.intervals as f64
-                } else {
-                    0.0
-                },
-                configured_depth: v.series.configured_depth,
-                lost_at_ms: v.series.lost_at_ms,
-            });
-            let n = nodes.entry(&v.series.node).or_default();
-            for d in 0..2 {
-                n[d].add(&total[d])?;
-                cluster.add(d, &total[d])?;
+        // Node by node, so only one node's merged histograms exist at a time (10,000 nodes'
+        // at once were gigabytes).
+        let mut names: Vec<&String> = self.index.keys().collect();
+        names.sort();
+        let mut nodes = Vec::with_capacity(names.len());
+        for node in names {
+            let mut n: Dirs = Default::default();
+            for &(_, vix) in &self.index[node] {
+                let v = &self.volumes[vix];
+                let total = [DirTotal::of(&v.total[0]), DirTotal::of(&v.total[1])];
+                volumes[vix] = Some(Self::volume_result(v, &total, seconds)?);
+                for d in 0..2 {
+                    n[d].add(&total[d])?;
+                    cluster.add(d, &total[d])?;
+                }
             }
+            nodes.push(NodeResult {
+                node: node.clone(),
+                summary: summarize(&n, seconds)?,
+            });
         }
-        let nodes = nodes
-            .into_iter()
-            .map(|(node, d)| {
-                Ok(NodeResult {
-                    node: node.to_string(),
-                    summary: summarize(&d, seconds)?,
-                })
-            })
-            .collect::<Result<Vec<_>, HistogramCodecError>>()?;
         let cluster_timeline = self.cluster.values().map(ClusterInterval::point).collect();
         Ok(Finished {
             cluster: summarize(&cluster.finish(), seconds)?,
             nodes,
-            volumes,
+            volumes: volumes.into_iter().flatten().collect(),
             cluster_timeline,
+        })
+    }
+
+    fn volume_result(
+        v: &VolumeAcc,
+        total: &Dirs,
+        seconds: f64,
+    ) -> Result<VolumeResult, HistogramCodecError> {
+        // A lost volume's rates are over the time it ran.
+        let secs = match v.series.lost_at_ms {
+            Some(ms) => (ms as f64 / 1000.0).min(seconds).max(1e-3),
+            None => seconds,
+        };
+        Ok(VolumeResult {
+            node: v.series.node.clone(),
+            volume: v.series.volume.clone(),
+            role: v.series.role.clone(),
+            model: v.series.model.clone(),
+            summary: summarize(total, secs)?,
+            outstanding_mean: if v.intervals > 0 {
+                v.outstanding_sum / v.intervals as f64
+            } else {
+                0.0
+            },
+            configured_depth: v.series.configured_depth,
+            lost_at_ms: v.series.lost_at_ms,
         })
     }
 

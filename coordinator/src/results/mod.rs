@@ -48,6 +48,7 @@ pub struct LatSummary {
 
 impl LatSummary {
     pub fn of(h: &SparseHistogram) -> Self {
+        let values = h.values_at_percentiles(&PERCENTILES);
         LatSummary {
             n: h.len(),
             min_ns: h.min(),
@@ -56,16 +57,8 @@ impl LatSummary {
             stdev_ns: h.stdev(),
             percentiles: PERCENTILES
                 .iter()
-                .map(|&p| {
-                    (
-                        percentile_key(p),
-                        if h.is_empty() {
-                            0
-                        } else {
-                            h.value_at_percentile(p)
-                        },
-                    )
-                })
+                .zip(values)
+                .map(|(&p, v)| (percentile_key(p), v))
                 .collect(),
         }
     }
