@@ -1,8 +1,9 @@
 //! lockstep-proto: the wire contract between coordinator and agents.
 //!
 //! - `v1`: the generated gRPC types and service stubs (from `proto/lockstep.proto`);
-//! - `histogram`: HdrHistogram V2 + deflate encoding, the only way latencies cross the wire, so
-//!   the coordinator can merge them exactly (docs/domain.md#measurement-rules, rule 1);
+//! - `histogram`: HdrHistogram V2 encoding (in zlib's stored framing; real deflate is read
+//!   too), the only way latencies cross the wire, so the coordinator can merge them exactly
+//!   (docs/domain.md#measurement-rules, rule 1);
 //! - `PROTOCOL_VERSION`: checked on every call; a mismatch is refused with a clear message.
 
 pub mod histogram;
@@ -13,6 +14,8 @@ pub mod v1 {
 
 /// Bumped on every incompatible change of `lockstep.proto`. 2: faults are typed `Fault`
 /// messages (`VolumeWork.faults`); a v1 peer's `faults_json` would be dropped unread.
+/// Not bumped when histograms moved from deflate to stored blocks: both framings carry the
+/// same cookie and every decoder of v2 (lockstep's, the hdrhistogram crate's) reads both.
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The refusal both sides print on version skew.

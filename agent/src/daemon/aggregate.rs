@@ -4,7 +4,7 @@
 //! parts start together after the start barrier), so interval k of the volume is the merge of
 //! interval k of every clone: complete once each clone still running has reported k. A clone
 //! that finished reports nothing more and is not waited for. Histograms are merged (exact), not
-//! averaged, and shipped as HdrHistogram V2+deflate.
+//! averaged, and shipped as HdrHistogram V2 (`lockstep_proto::histogram::encode`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
