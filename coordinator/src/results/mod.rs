@@ -12,6 +12,7 @@ pub mod curve;
 pub mod drill;
 pub mod hlog;
 pub mod merge;
+pub mod store;
 pub mod sweep;
 pub mod timeline;
 
