@@ -140,6 +140,7 @@ fn main() {
         stuck_ios: Vec::new(),
         verify: Vec::new(),
         series: None,
+        data: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

@@ -293,7 +293,8 @@ mod tests {
                     lat_p99_us: lat as f64 / 1000.0,
                     ..Default::default()
                 };
-                b.add(v, &vi(&[lat]), &encode_point(&p, true));
+                b.add(v, &vi(&[lat]));
+                b.add_point(v, &encode_point(&p, true));
             }
             w.write(b);
         }
@@ -342,7 +343,7 @@ mod tests {
         );
         let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
         let mut b = ReportBlock::new(0, 1000, 0, 1);
-        b.add(0, &vi(&[5000; 10]), &[0u8; POINT_SIZE]);
+        b.add(0, &vi(&[5000; 10]));
         w.write(b);
         w.finish();
         let path = dir.path().join(DATA_DIR).join(HISTOGRAMS);

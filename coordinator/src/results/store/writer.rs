@@ -51,8 +51,8 @@ impl ReportBlock {
         }
     }
 
-    /// Adds one volume's histograms (as the agent sent them) and its point.
-    pub fn add(&mut self, volume: u32, vi: &VolumeInterval, point: &[u8; POINT_SIZE]) {
+    /// Adds one volume's histograms, as the agent sent them.
+    pub fn add(&mut self, volume: u32, vi: &VolumeInterval) {
         for (dir, d) in [(0u8, &vi.read), (1, &vi.write)] {
             let Some(d) = d else { continue };
             for (intended, bytes) in [(false, &d.lat_hist), (true, &d.lat_intended_hist)] {
@@ -61,6 +61,10 @@ impl ReportBlock {
                 }
             }
         }
+    }
+
+    /// Adds one volume's point.
+    pub fn add_point(&mut self, volume: u32, point: &[u8; POINT_SIZE]) {
         let at = (volume - self.first_volume) as usize * POINT_SIZE;
         if let Some(slot) = self.points.get_mut(at..at + POINT_SIZE) {
             slot.copy_from_slice(point);
