@@ -19,9 +19,10 @@ use tokio_stream::StreamExt;
 
 use super::streams::{AgentTrack, Ev, Streams, reattach_window};
 use crate::orchestrate::client::{self, Connected};
-use crate::results::merge::{Merger, PlannedVolume};
-use crate::results::store::{Manifest, StoreWriter, StoredVolume};
 use crate::results::DataFiles;
+use crate::results::keeper::Keep;
+use crate::results::merge::{Merger, PlannedVolume};
+use crate::results::store::{Manifest, StoreReader, StoreWriter, StoredVolume};
 use crate::results::timeline::VolumeModel;
 use crate::results::{AgentResult, AgentState, RunResults, RunStatus};
 
@@ -150,7 +151,14 @@ pub async fn execute(
     let planned = (total.as_millis() as u64).div_ceil(interval_ms);
     let mut streams = Streams {
         tracks,
-        merger: Merger::new(interval_ms, &infos).planned_intervals(planned),
+        merger: {
+            let m = Merger::new(interval_ms, &infos).planned_intervals(planned);
+            if store.is_some() {
+                m.points_on_disk()
+            } else {
+                m
+            }
+        },
         finals: Vec::new(),
         faults: Vec::new(),
         starts: Vec::new(),
@@ -182,12 +190,29 @@ pub async fn execute(
     observer.phase_started("run", total, true);
     follow(&conns, &spec, &mut streams, rx, &mut stop, observer).await?;
     observer.phase_finished("run");
-    let fold = streams.merger.keep().fold;
+    let keep = streams.merger.keep();
     let mut results = into_output(&spec, &conns, streams, run_start_ns)?;
     if let (Some(store), Some(dir)) = (store, data_dir) {
-        results.data = Some(finish_store(store, dir, fold, &results));
+        results.data = Some(finish_store(store, dir, keep.fold, &results));
+        read_back_timeline(dir, &keep, &mut results);
     }
     Ok(results)
+}
+
+/// The run's timeline from its data files (the merger kept only the recent points).
+fn read_back_timeline(dir: &Path, keep: &Keep, results: &mut RunResults) {
+    let Some(run_dir) = dir.parent() else { return };
+    let faults = std::mem::take(&mut results.timeline.faults);
+    let meta = std::mem::take(&mut results.timeline);
+    match StoreReader::open(run_dir).and_then(|r| r.timeline(keep, meta)) {
+        Ok(t) => results.timeline = t,
+        Err(e) => {
+            let d = results.data.get_or_insert_with(Default::default);
+            d.error
+                .get_or_insert(format!("reading the timeline back: {e}"));
+        }
+    }
+    results.timeline.faults = faults;
 }
 
 /// The data files' manifest: the run's volumes in the merger's order (their ids).
@@ -217,7 +242,9 @@ fn finish_store(store: StoreWriter, dir: &Path, fold: u64, r: &RunResults) -> Da
             m.start_unix_ms = r.start_unix_ms;
             serde_json::to_vec_pretty(&m)
                 .map_err(std::io::Error::other)
-                .and_then(|json| lockstep_core::atomic_file::write_atomically(&manifest_path, &json))
+                .and_then(|json| {
+                    lockstep_core::atomic_file::write_atomically(&manifest_path, &json)
+                })
         });
     if let Some(Err(e)) = rewritten {
         error.get_or_insert(format!("{}: {e}", manifest_path.display()));

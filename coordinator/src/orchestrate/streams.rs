@@ -11,8 +11,8 @@ use lockstep_proto::v1::{RunEvent, VolumeResult as WireVolumeResult, run_event};
 
 use super::run::{PhaseSpec, RunError, RunObserver};
 use crate::results::clock::{self, ClockEstimate};
-use crate::results::store::{ReportBlock, StoreWriter, format::encode_point};
 use crate::results::merge::Merger;
+use crate::results::store::{ReportBlock, StoreWriter, format::encode_point};
 use crate::results::timeline::FaultWindow;
 use crate::results::{AgentState, Disconnection, PhaseResult};
 

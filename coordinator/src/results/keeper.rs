@@ -24,7 +24,7 @@ pub const RECENT_BUDGET: usize = 1_000_000;
 /// Whatever the cluster's width, the live view sees at least this many recent intervals (the
 /// finder's persistence and history need a few dozen) and needs no more than this many.
 const RECENT_MIN: usize = 30;
-const RECENT_MAX: usize = 600;
+const RECENT_MAX: usize = 120;
 
 /// Intervals per kept point for a run of `intervals` intervals of `volumes` volumes.
 pub fn fold_for(intervals: u64, volumes: usize) -> u64 {
@@ -45,6 +45,10 @@ pub struct Keep {
     pub fold: u64,
     /// Full-resolution points kept per volume.
     pub recent: usize,
+    /// Whether the kept timeline is in memory. A run that writes its data files keeps only the
+    /// recent points, so its memory stays flat; its timeline is read back from
+    /// `data/points.bin` at the end, folded the same way.
+    pub in_memory: bool,
 }
 
 impl Keep {
@@ -54,6 +58,7 @@ impl Keep {
             interval_ms,
             fold: fold_for(intervals, volumes),
             recent: recent_for(volumes),
+            in_memory: true,
         }
     }
 }
@@ -70,10 +75,15 @@ pub struct KeptPoints {
 impl KeptPoints {
     /// Adds the point of interval `index`.
     pub fn push(&mut self, index: u64, p: VolumePoint, keep: &Keep) {
-        if self.recent.len() >= keep.recent {
-            self.recent.pop_front();
+        if keep.recent > 0 {
+            if self.recent.len() >= keep.recent {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(p);
         }
-        self.recent.push_back(p);
+        if !keep.in_memory {
+            return;
+        }
         if keep.fold <= 1 {
             self.points.push(p);
             return;
@@ -184,7 +194,11 @@ fn weighted_median(points: &[VolumePoint]) -> f64 {
 
 /// The share of one interval's IOs at or below `x`, from its p50, p99 and max.
 fn share_below(p: &VolumePoint, x: f64) -> f64 {
-    let anchors = [(p.lat_p50_us, 0.5), (p.lat_p99_us, 0.99), (p.lat_max_us, 1.0)];
+    let anchors = [
+        (p.lat_p50_us, 0.5),
+        (p.lat_p99_us, 0.99),
+        (p.lat_max_us, 1.0),
+    ];
     if x < anchors[0].0 {
         return 0.5 * (x / anchors[0].0.max(1e-9)).clamp(0.0, 1.0);
     }
@@ -194,7 +208,8 @@ fn share_below(p: &VolumePoint, x: f64) -> f64 {
             if x1 <= x0 {
                 return q1;
             }
-            let t = (x.max(1e-9).ln() - x0.max(1e-9).ln()) / (x1.max(1e-9).ln() - x0.max(1e-9).ln());
+            let t =
+                (x.max(1e-9).ln() - x0.max(1e-9).ln()) / (x1.max(1e-9).ln() - x0.max(1e-9).ln());
             return q0 + (q1 - q0) * t.clamp(0.0, 1.0);
         }
     }
@@ -206,8 +221,17 @@ fn mixture_quantile(points: &[VolumePoint], q: f64) -> f64 {
     if total <= 0.0 {
         return 0.0;
     }
-    let below = |x: f64| points.iter().map(|p| ios(p) * share_below(p, x)).sum::<f64>() / total;
-    let (mut lo, mut hi) = (0.0f64, points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max));
+    let below = |x: f64| {
+        points
+            .iter()
+            .map(|p| ios(p) * share_below(p, x))
+            .sum::<f64>()
+            / total
+    };
+    let (mut lo, mut hi) = (
+        0.0f64,
+        points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max),
+    );
     for _ in 0..60 {
         let mid = (lo + hi) / 2.0;
         if below(mid) >= q {
@@ -243,13 +267,15 @@ mod tests {
         assert_eq!(fold_for(60, 4), 1);
         assert_eq!(fold_for(3_600, 8_000), 8);
         assert_eq!(fold_for(43_200, 8_000), 87);
-        assert_eq!(recent_for(8), 600);
+        assert_eq!(recent_for(8), 120);
         assert_eq!(recent_for(80_000), 30);
     }
 
     #[test]
     fn counts_add_exactly_and_a_slow_stretch_moves_the_p99() {
-        let mut pts: Vec<_> = (0..10).map(|i| pt(i, 3000, 500.0, 1500.0, 3000.0)).collect();
+        let mut pts: Vec<_> = (0..10)
+            .map(|i| pt(i, 3000, 500.0, 1500.0, 3000.0))
+            .collect();
         // One interval of ten where the volume is throttled: 180 IOs at 20 ms.
         pts[9] = pt(9, 180, 20_000.0, 25_000.0, 30_000.0);
         let f = fold(&pts);
@@ -260,7 +286,11 @@ mod tests {
         assert_eq!(f.lat_p50_us, 500.0);
         // 180 of 27,180 IOs (0.66%) at 20 ms: the merged p99 stays with the fast intervals'
         // tail, above their own p99 but well below 20 ms.
-        assert!(f.lat_p99_us > 1500.0 && f.lat_p99_us < 20_000.0, "{}", f.lat_p99_us);
+        assert!(
+            f.lat_p99_us > 1500.0 && f.lat_p99_us < 20_000.0,
+            "{}",
+            f.lat_p99_us
+        );
         // Three throttled intervals (2% of IOs) put the p99 among the slow ones.
         for i in 7..10 {
             pts[i] = pt(i as u64, 180, 20_000.0, 25_000.0, 30_000.0);
@@ -275,6 +305,7 @@ mod tests {
             interval_ms: 1000,
             fold: 10,
             recent: 5,
+            in_memory: true,
         };
         let mut k = KeptPoints::default();
         for i in (0..25).filter(|&i| i != 19) {

@@ -250,6 +250,13 @@ impl Merger {
         self
     }
 
+    /// Keeps only the recent points in memory: the run writes every point to its data files
+    /// and reads the timeline back from them at the end (results/keeper.rs).
+    pub fn points_on_disk(mut self) -> Self {
+        self.keep.in_memory = false;
+        self
+    }
+
     /// How the points are kept (intervals per kept point, recent points per volume).
     pub fn keep(&self) -> Keep {
         self.keep
@@ -389,7 +396,9 @@ impl Merger {
     /// The kept timeline so far, one point per `keep().fold` intervals (for the final
     /// analysis and the report).
     pub fn timeline(&self) -> Timeline {
-        self.timeline_of(self.keep.interval_ms * self.keep.fold, |k| k.all(&self.keep))
+        self.timeline_of(self.keep.interval_ms * self.keep.fold, |k| {
+            k.all(&self.keep)
+        })
     }
 
     /// The last few minutes at full resolution (for the live view and the live finder).
@@ -397,7 +406,11 @@ impl Merger {
         self.timeline_of(self.interval_ms, |k| k.recent.iter().copied().collect())
     }
 
-    fn timeline_of(&self, interval_ms: u64, points: impl Fn(&KeptPoints) -> Vec<VolumePoint>) -> Timeline {
+    fn timeline_of(
+        &self,
+        interval_ms: u64,
+        points: impl Fn(&KeptPoints) -> Vec<VolumePoint>,
+    ) -> Timeline {
         Timeline {
             interval_ms,
             volumes: self
@@ -415,7 +428,9 @@ impl Merger {
     /// Each volume (its `points` empty) with its newest point, without copying (for the live
     /// view and the metrics).
     pub fn latest(&self) -> impl Iterator<Item = (&VolumeSeries, Option<&VolumePoint>)> {
-        self.volumes.iter().map(|v| (&v.series, v.kept.recent.back()))
+        self.volumes
+            .iter()
+            .map(|v| (&v.series, v.kept.recent.back()))
     }
 
     /// Volume, node and cluster results and the cluster timeline. `seconds` is the measured

@@ -57,7 +57,9 @@ impl Manifest {
 
 /// Every histogram of a results directory as hlog entries: from `data/`, or from the
 /// `intervals.hlog` of a run made before the data files existed.
-pub fn read_entries(run_dir: &std::path::Path) -> Result<Vec<crate::results::hlog::LogEntry>, String> {
+pub fn read_entries(
+    run_dir: &std::path::Path,
+) -> Result<Vec<crate::results::hlog::LogEntry>, String> {
     if StoreReader::exists(run_dir) {
         let r = StoreReader::open(run_dir).map_err(|e| e.to_string())?;
         r.entries(|_| true)

@@ -13,7 +13,8 @@ use super::format::{
 };
 use super::{DATA_DIR, HISTOGRAMS, INDEX, MANIFEST, Manifest, POINTS};
 use crate::results::hlog::LogEntry;
-use crate::results::timeline::VolumePoint;
+use crate::results::keeper::{Keep, KeptPoints};
+use crate::results::timeline::{Timeline, VolumePoint};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -185,6 +186,34 @@ impl StoreReader {
             interval += 1;
             Some(Ok((interval - 1, points)))
         }))
+    }
+}
+
+impl StoreReader {
+    /// The run's timeline read back from `points.bin`, one point per `keep.fold` intervals
+    /// (folded exactly as the merger folds them), onto the volumes of `meta` (the merger's
+    /// series, in the same order, whose points are empty). Memory: the folded points only.
+    pub fn timeline(&self, keep: &Keep, meta: Timeline) -> Result<Timeline, StoreError> {
+        let mut kept: Vec<KeptPoints> = vec![KeptPoints::default(); meta.volumes.len()];
+        let keep = Keep {
+            in_memory: true,
+            recent: 0,
+            ..*keep
+        };
+        for row in self.point_rows()? {
+            let (interval, points) = row?;
+            for (v, p, _) in points {
+                if let Some(k) = kept.get_mut(v as usize) {
+                    k.push(interval, p, &keep);
+                }
+            }
+        }
+        let mut t = meta;
+        t.interval_ms = keep.interval_ms * keep.fold;
+        for (s, k) in t.volumes.iter_mut().zip(&kept) {
+            s.points = k.all(&keep);
+        }
+        Ok(t)
     }
 }
 
