@@ -84,6 +84,23 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
         r.cluster.read.lat.percentiles["99.000000"],
         c.value_at_percentile(99.0)
     );
+    // The same histograms as HdrHistogram's standard interval log, for its own tools.
+    let o = Command::new(bin("lockstep"))
+        .args(["export-hlog".as_ref(), out.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", output_text(&o));
+    let log = lockstep::results::hlog::read(&out.join("intervals.hlog")).unwrap();
+    assert_eq!(log.len(), entries.len());
+    let tags = |v: &[lockstep::results::hlog::LogEntry]| {
+        let mut t: Vec<String> = v
+            .iter()
+            .map(|e| format!("{} {} {}", e.tag, e.start_s, e.histogram.len()))
+            .collect();
+        t.sort();
+        t
+    };
+    assert_eq!(tags(&log), tags(&entries));
     // The start skew is measured and reported, with each agent's clock offset.
     assert!(r.start_skew_ns.is_some());
     assert!(r.agents.iter().all(|a| a.clock.rtt_ns > 0));

@@ -8,6 +8,7 @@
 pub mod certs;
 pub mod compare;
 mod curve;
+mod export_hlog;
 pub mod live;
 mod series;
 mod sweep;
@@ -84,6 +85,7 @@ pub struct RunOutcome {
 /// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub use crate::orchestrate::signals::{EXIT_INTERRUPTED, EXIT_TERMINATED};
+pub use export_hlog::export_hlog;
 /// The run finished and its report went to stdout, but a results file could not be written
 /// (a full or read-only disk); the error names each file.
 pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;

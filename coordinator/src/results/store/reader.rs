@@ -39,6 +39,8 @@ pub struct StoredHistogram {
     pub volume: u32,
     pub tag: Tag,
     pub histogram: SparseHistogram,
+    /// The bytes as the agent sent them.
+    pub raw: Vec<u8>,
 }
 
 pub struct StoreReader {
@@ -261,6 +263,7 @@ fn read_block(
             volume: r.volume,
             tag: r.tag,
             histogram,
+            raw: r.bytes.to_vec(),
         });
     }
     Ok(out)
