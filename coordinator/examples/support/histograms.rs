@@ -1,6 +1,6 @@
 //! Realistic interval histograms for the benchmarks: what an agent sends for one volume and one
 //! interval, encoded as agents encode them. Latencies are lognormal around 0.5 ms (sigma 0.6:
-//! p99 about 2 ms, a cloud SSD volume's spread) with 1,500-2,500 IOs per direction.
+//! p99 about 2 ms, a cloud SSD volume's spread), by default 1,500-2,500 IOs per direction.
 
 use hdrhistogram::Histogram;
 use lockstep_proto::histogram::encode;
@@ -8,16 +8,17 @@ use lockstep_proto::v1::{DirInterval, VolumeInterval};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
-/// `n` distinct volume intervals with read and write histograms, to reuse round robin (the
-/// cost of handling a histogram does not depend on whether it was seen before).
-pub fn volume_intervals(n: usize, seed: u64) -> Vec<VolumeInterval> {
+/// `n` distinct volume intervals with read and write histograms of `ios` IOs each (+-25%), to
+/// reuse round robin (the cost of handling a histogram does not depend on whether it was seen
+/// before).
+pub fn volume_intervals(n: usize, seed: u64, ios: u64) -> Vec<VolumeInterval> {
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let lat = LogNormal::new((500_000f64).ln(), 0.6).unwrap();
     (0..n)
         .map(|_| {
             let mut dir = || {
                 let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
-                let n = 1500 + rng.random_range(0..1000);
+                let n = ios * 3 / 4 + rng.random_range(0..ios.max(2) / 2);
                 for _ in 0..n {
                     h.record((lat.sample(&mut rng) as u64).max(1)).unwrap();
                 }
