@@ -288,6 +288,7 @@ fn report_times(merger: &Merger, fin: lockstep::results::merge::Finished, interv
         stuck_ios: Vec::new(),
         verify: Vec::new(),
         series: None,
+        data: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();

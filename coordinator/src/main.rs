@@ -45,6 +45,15 @@ enum Command {
         #[command(flatten)]
         tls: TlsArgs,
     },
+    /// Write a run's interval histograms (its data/ directory) as an HdrHistogram interval log,
+    /// for HdrHistogram's own tools (HistogramLogProcessor, HdrHistogramVisualizer).
+    ExportHlog {
+        /// The run's results directory.
+        dir: PathBuf,
+        /// Where to write (default: DIR/intervals.hlog).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
     /// Queue a plan for the leading coordinator (`lockstep coordinator`); prints the run id.
     Submit {
         plan: PathBuf,
@@ -244,6 +253,7 @@ fn main() -> ExitCode {
             fail_on_regression,
         } => lockstep::app::compare::compare_command(&runs, html.as_deref(), fail_on_regression),
         Command::Report { dir, json, html } => cli::report_command(&dir, json, html),
+        Command::ExportHlog { dir, output } => cli::export_hlog(&dir, output.as_deref()),
         Command::Agents {
             etcd,
             etcd_prefix,

@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use lockstep::results::hlog;
 use lockstep_proto::histogram::SparseHistogram;
 use lockstep_tests::{
     AgentState, Proc, RunStatus, agent, bin, output_text, read_json, read_results, read_timeline,
@@ -47,8 +46,8 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     assert_eq!(r.status, RunStatus::Completed);
     let vols = &r.volumes;
     assert_eq!(vols.len(), 3);
-    // Every volume's latency percentiles equal those recomputed from intervals.hlog.
-    let entries = hlog::read(&out.join("intervals.hlog")).unwrap();
+    // Every volume's latency percentiles equal those recomputed from the stored histograms.
+    let entries = lockstep::results::store::read_entries(&out).unwrap();
     assert!(!entries.is_empty());
     let mut per: BTreeMap<String, SparseHistogram> = BTreeMap::new();
     let mut cluster: Option<SparseHistogram> = None;
@@ -85,6 +84,23 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
         r.cluster.read.lat.percentiles["99.000000"],
         c.value_at_percentile(99.0)
     );
+    // The same histograms as HdrHistogram's standard interval log, for its own tools.
+    let o = Command::new(bin("lockstep"))
+        .args(["export-hlog".as_ref(), out.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", output_text(&o));
+    let log = lockstep::results::hlog::read(&out.join("intervals.hlog")).unwrap();
+    assert_eq!(log.len(), entries.len());
+    let tags = |v: &[lockstep::results::hlog::LogEntry]| {
+        let mut t: Vec<String> = v
+            .iter()
+            .map(|e| format!("{} {} {}", e.tag, e.start_s, e.histogram.len()))
+            .collect();
+        t.sort();
+        t
+    };
+    assert_eq!(tags(&log), tags(&entries));
     // The start skew is measured and reported, with each agent's clock offset.
     assert!(r.start_skew_ns.is_some());
     assert!(r.agents.iter().all(|a| a.clock.rtt_ns > 0));

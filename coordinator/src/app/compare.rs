@@ -23,17 +23,18 @@ pub struct Run {
     pub figures: RunFigures,
 }
 
-/// Reads results.json, timeline.json and intervals.hlog of a run directory.
+/// Reads results.json, timeline.json and the interval histograms (data/) of a run directory.
 pub fn load(dir: &Path) -> anyhow::Result<Run> {
     let mut results = export::read_run_dir(dir).map_err(anyhow::Error::msg)?;
     export::read_timeline(dir, &mut results).map_err(anyhow::Error::msg)?;
-    let hlog = dir.join("intervals.hlog");
-    let entries = crate::results::hlog::read(&hlog).with_context(|| {
-        format!(
-            "{}: compare needs the raw interval histograms",
-            dir.display()
-        )
-    })?;
+    let entries = crate::results::store::read_entries(dir)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| {
+            format!(
+                "{}: compare needs the raw interval histograms",
+                dir.display()
+            )
+        })?;
     let figures = compare::run_figures(&results, &entries);
     Ok(Run {
         dir: dir.to_path_buf(),

@@ -77,12 +77,8 @@ impl LiveView {
 
 fn worst_volume(merger: &Merger) -> Option<(String, f64)> {
     merger
-        .series()
-        .filter_map(|s| {
-            s.points
-                .last()
-                .map(|p| (format!("{}/{}", s.node, s.volume), p.lat_p99_us))
-        })
+        .latest()
+        .filter_map(|(s, p)| p.map(|p| (format!("{}/{}", s.node, s.volume), p.lat_p99_us)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
@@ -112,7 +108,7 @@ impl RunObserver for LiveView {
         };
         if self.last_suspect.elapsed() > Duration::from_secs(5) {
             self.last_suspect = Instant::now();
-            let report = chokepoint::analyze(&merger.timeline(), &self.analysis);
+            let report = chokepoint::analyze(&merger.recent_timeline(), &self.analysis);
             self.suspect = crate::export::text::chokepoint::live_lines(&report, 2);
         }
         let worst = worst_volume(merger)

@@ -8,6 +8,7 @@
 pub mod certs;
 pub mod compare;
 mod curve;
+mod export_hlog;
 pub mod live;
 mod series;
 mod sweep;
@@ -25,7 +26,6 @@ use crate::export;
 use crate::orchestrate::local::{LocalCluster, LocalShape};
 use crate::orchestrate::run::{self, AgentWork, PhaseSpec, RunSpec, VolumeWork};
 use crate::plan::{self, AgentInfo, AgentVolume, Assignment, Plan};
-use crate::results::hlog::HlogWriter;
 use crate::results::timeline::VolumeModel;
 use crate::results::{RunResults, RunStatus};
 
@@ -85,6 +85,7 @@ pub struct RunOutcome {
 /// The stops keep partial results; a CI gate must treat every non-zero code as a failure.
 pub const EXIT_OBJECTIVE: u8 = 1;
 pub use crate::orchestrate::signals::{EXIT_INTERRUPTED, EXIT_TERMINATED};
+pub use export_hlog::export_hlog;
 /// The run finished and its report went to stdout, but a results file could not be written
 /// (a full or read-only disk); the error names each file.
 pub const EXIT_RESULTS_UNWRITTEN: u8 = 3;
@@ -401,22 +402,7 @@ pub(crate) async fn run_resolved(
         settings.token.clone(),
     );
     let stop_rx = crate::orchestrate::signals::watch();
-    let hlog_path = out_dir.join("intervals.hlog");
-    // Never through a link left in the results directory.
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&hlog_path)
-            .with_context(|| format!("creating {}", hlog_path.display()))?
-    };
-    let mut hlog = Some(HlogWriter::new(
-        std::io::BufWriter::new(crate::results::hlog::KeepGoing::new(file)),
-        crate::orchestrate::client::unix_ns() / 1_000_000,
-    )?);
+    let data_dir = out_dir.join(crate::results::store::DATA_DIR);
     let mut live = LiveView::new(assignment.run_length(), settings.json);
     live.analysis = analysis_options(assignment);
     live.scheduled_faults = scheduled_faults(assignment);
@@ -432,19 +418,15 @@ pub(crate) async fn run_resolved(
         );
         tokio::spawn(lockstep_core::metrics::serve(listener, m));
     }
-    let outcome = run::execute(spec, &mut live, stop_rx, &mut hlog).await;
+    let outcome = run::execute(spec, &mut live, stop_rx, Some(&data_dir)).await;
     live.finish();
-    let mut unwritten = Vec::new();
-    if let Some(h) = hlog.take() {
-        let failure = match h.into_inner().into_inner() {
-            Ok(kept) => kept.error,
-            Err(e) => Some(e.into_error()),
-        };
-        if let Some(e) = failure {
-            unwritten.push(format!("{}: {e}", hlog_path.display()));
-        }
-    }
     let mut results = outcome?;
+    let mut unwritten: Vec<String> = results
+        .data
+        .iter()
+        .filter_map(|d| d.error.as_ref())
+        .map(|e| format!("{}: {e}", data_dir.display()))
+        .collect();
     crate::analysis::drill::collect_finals(&mut results);
     results.objectives = crate::analysis::objectives::evaluate(assignment, &results);
     let opts = analysis_options(assignment);
@@ -457,8 +439,9 @@ pub(crate) async fn run_resolved(
     results.chokepoint = Some(analysis);
     if !results.faults.is_empty() && unwritten.is_empty() {
         // The drill report reads back the raw histograms this run just wrote.
-        let entries = crate::results::hlog::read(&hlog_path)
-            .context("reading intervals.hlog for the drill report")?;
+        let entries = crate::results::store::read_entries(out_dir)
+            .map_err(anyhow::Error::msg)
+            .context("reading the run's interval histograms for the drill report")?;
         let d = crate::analysis::drill::analyze(
             &entries,
             &results.timeline,

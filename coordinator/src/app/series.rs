@@ -60,8 +60,9 @@ pub(crate) async fn run_steps<T>(
         let results = super::run_resolved(settings, &step.plan, &assignment, &dir)
             .await?
             .results;
-        let entries = crate::results::hlog::read(&dir.join("intervals.hlog"))
-            .context("reading the step's intervals.hlog")?;
+        let entries = crate::results::store::read_entries(&dir)
+            .map_err(anyhow::Error::msg)
+            .context("reading the step's interval histograms")?;
         failed |= results.objectives_failed() || results.verify_failed();
         let aborted = results.status == RunStatus::Aborted;
         let run = StepRun {

@@ -113,11 +113,11 @@ impl CoordinatorMetrics {
             self.cluster_p99.set(c.lat_p99_us / 1e6);
         }
         let mut lost = 0;
-        for s in merger.series() {
+        for (s, last) in merger.latest() {
             if s.lost_at_ms.is_some() {
                 lost += 1;
             }
-            if let Some(p) = s.points.last() {
+            if let Some(p) = last {
                 let l = VolumeLabels {
                     node: s.node.clone(),
                     volume: s.volume.clone(),

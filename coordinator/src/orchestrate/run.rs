@@ -6,6 +6,7 @@
 //! and the results so far are still returned.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
@@ -18,7 +19,10 @@ use tokio_stream::StreamExt;
 
 use super::streams::{AgentTrack, Ev, Streams, reattach_window};
 use crate::orchestrate::client::{self, Connected};
+use crate::results::DataFiles;
+use crate::results::keeper::Keep;
 use crate::results::merge::{Merger, PlannedVolume};
+use crate::results::store::{Manifest, StoreReader, StoreWriter, StoredVolume};
 use crate::results::timeline::VolumeModel;
 use crate::results::{AgentResult, AgentState, RunResults, RunStatus};
 
@@ -108,7 +112,7 @@ pub async fn execute(
     spec: RunSpec,
     observer: &mut dyn RunObserver,
     mut stop: StopRx,
-    hlog: &mut Option<crate::results::hlog::RunLog>,
+    data_dir: Option<&Path>,
 ) -> Result<RunResults, RunError> {
     let run_start_ns = client::unix_ns();
     let (conns, tracks) = connect_all(&spec, observer).await?;
@@ -132,9 +136,29 @@ pub async fn execute(
         .map(|p| p.start + p.duration)
         .max()
         .unwrap_or_default();
+    let interval_ms = spec.interval.as_millis().max(1) as u64;
+    let store = match data_dir {
+        Some(dir) => Some(
+            StoreWriter::create(dir, &manifest(interval_ms, &infos)).map_err(|source| {
+                RunError::Io {
+                    what: dir.display().to_string(),
+                    source,
+                }
+            })?,
+        ),
+        None => None,
+    };
+    let planned = (total.as_millis() as u64).div_ceil(interval_ms);
     let mut streams = Streams {
         tracks,
-        merger: Merger::new(spec.interval.as_millis().max(1) as u64, &infos),
+        merger: {
+            let m = Merger::new(interval_ms, &infos).planned_intervals(planned);
+            if store.is_some() {
+                m.points_on_disk()
+            } else {
+                m
+            }
+        },
         finals: Vec::new(),
         faults: Vec::new(),
         starts: Vec::new(),
@@ -144,7 +168,7 @@ pub async fn execute(
         phase_t0: Instant::now(),
         interval: spec.interval,
         phases: &spec.phases,
-        hlog,
+        store: store.as_ref(),
         aborted: false,
         status_reason: String::new(),
         abort_deadline: None,
@@ -166,7 +190,73 @@ pub async fn execute(
     observer.phase_started("run", total, true);
     follow(&conns, &spec, &mut streams, rx, &mut stop, observer).await?;
     observer.phase_finished("run");
-    into_output(&spec, &conns, streams, run_start_ns)
+    let keep = streams.merger.keep();
+    let mut results = into_output(&spec, &conns, streams, run_start_ns)?;
+    if let (Some(store), Some(dir)) = (store, data_dir) {
+        results.data = Some(finish_store(store, dir, keep.fold, &results));
+        read_back_timeline(dir, &keep, &mut results);
+    }
+    Ok(results)
+}
+
+/// The run's timeline from its data files (the merger kept only the recent points).
+fn read_back_timeline(dir: &Path, keep: &Keep, results: &mut RunResults) {
+    let Some(run_dir) = dir.parent() else { return };
+    let faults = std::mem::take(&mut results.timeline.faults);
+    let meta = std::mem::take(&mut results.timeline);
+    match StoreReader::open(run_dir).and_then(|r| r.timeline(keep, meta)) {
+        Ok(t) => results.timeline = t,
+        Err(e) => {
+            let d = results.data.get_or_insert_with(Default::default);
+            d.error
+                .get_or_insert(format!("reading the timeline back: {e}"));
+        }
+    }
+    results.timeline.faults = faults;
+}
+
+/// The data files' manifest: the run's volumes in the merger's order (their ids).
+fn manifest(interval_ms: u64, infos: &[PlannedVolume]) -> Manifest {
+    Manifest::new(
+        interval_ms,
+        infos
+            .iter()
+            .map(|v| StoredVolume {
+                node: v.node.clone(),
+                volume: v.volume.clone(),
+                role: v.role.clone(),
+            })
+            .collect(),
+    )
+}
+
+/// Writes what is queued, then the manifest with the start instant, and says what is there.
+fn finish_store(store: StoreWriter, dir: &Path, fold: u64, r: &RunResults) -> DataFiles {
+    let stats = store.finish();
+    let mut error = stats.error;
+    let manifest_path = dir.join(crate::results::store::MANIFEST);
+    let rewritten = std::fs::read(&manifest_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+        .map(|mut m| {
+            m.start_unix_ms = r.start_unix_ms;
+            serde_json::to_vec_pretty(&m)
+                .map_err(std::io::Error::other)
+                .and_then(|json| {
+                    lockstep_core::atomic_file::write_atomically(&manifest_path, &json)
+                })
+        });
+    if let Some(Err(e)) = rewritten {
+        error.get_or_insert(format!("{}: {e}", manifest_path.display()));
+    }
+    DataFiles {
+        dir: crate::results::store::DATA_DIR.into(),
+        timeline_fold: fold,
+        blocks: stats.blocks,
+        histogram_bytes: stats.raw_bytes,
+        stored_bytes: stats.stored_bytes,
+        error,
+    }
 }
 
 /// Connects to every agent at once, refuses a busy one, and measures each clock.
@@ -395,6 +485,7 @@ fn into_output(
         stuck_ios: Vec::new(),
         verify: Vec::new(),
         series: None,
+        data: None,
     };
     Ok(results)
 }

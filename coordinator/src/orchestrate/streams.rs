@@ -11,8 +11,8 @@ use lockstep_proto::v1::{RunEvent, VolumeResult as WireVolumeResult, run_event};
 
 use super::run::{PhaseSpec, RunError, RunObserver};
 use crate::results::clock::{self, ClockEstimate};
-use crate::results::hlog::RunLog;
 use crate::results::merge::Merger;
+use crate::results::store::{ReportBlock, StoreWriter, format::encode_point};
 use crate::results::timeline::FaultWindow;
 use crate::results::{AgentState, Disconnection, PhaseResult};
 
@@ -101,7 +101,8 @@ pub struct Streams<'a> {
     pub phase_t0: Instant,
     pub interval: Duration,
     pub phases: &'a [PhaseSpec],
-    pub hlog: &'a mut Option<RunLog>,
+    /// The run's data files (`data/`), when it writes any.
+    pub store: Option<&'a StoreWriter>,
     pub aborted: bool,
     pub status_reason: String,
     pub abort_deadline: Option<Instant>,
@@ -159,22 +160,35 @@ impl<'a> Streams<'a> {
     ) -> Result<(), RunError> {
         let counted = self.measured(iv.index);
         let len_ms = iv.len_ns / 1_000_000;
-        let interval_ms = self.interval_ms();
-        let name = self.tracks[i].name.clone();
+        let name = &self.tracks[i].name;
+        let mut stored = Vec::with_capacity(iv.volumes.len());
+        let mut errors = Vec::new();
         for v in &iv.volumes {
-            if counted {
-                if let Some(h) = self.hlog.as_mut() {
-                    write_hlog(h, &name, iv.index, interval_ms, v).map_err(|source| {
-                        RunError::Io {
-                            what: "intervals.hlog".into(),
-                            source,
-                        }
-                    })?;
+            match self.merger.ingest(name, iv.index, len_ms, v, counted) {
+                Ok(point) => {
+                    if let Some(id) = self.merger.volume_index(name, &v.volume) {
+                        stored.push((id as u32, v, encode_point(&point, counted)));
+                    }
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        self.tracks[i].errors.extend(errors);
+        if let (Some(store), Some(first), Some(last)) = (
+            self.store,
+            stored.iter().map(|s| s.0).min(),
+            stored.iter().map(|s| s.0).max(),
+        ) {
+            let mut block = ReportBlock::new(iv.index, len_ms as u32, first, last - first + 1);
+            for (id, v, point) in &stored {
+                block.add_point(*id, point);
+                // Warm-up intervals are on the timeline, not in the histograms (results count
+                // only measured ones).
+                if counted {
+                    block.add(*id, v);
                 }
             }
-            if let Err(e) = self.merger.ingest(&name, iv.index, len_ms, v, counted) {
-                self.tracks[i].errors.push(e.to_string());
-            }
+            store.write(block);
         }
         Ok(())
     }
@@ -413,36 +427,6 @@ fn upsert_fault(faults: &mut Vec<FaultWindow>, w: FaultWindow) {
     }
 }
 
-fn write_hlog(
-    h: &mut RunLog,
-    node: &str,
-    index: u64,
-    interval_ms: u64,
-    v: &lockstep_proto::v1::VolumeInterval,
-) -> std::io::Result<()> {
-    let start_s = (index * interval_ms) as f64 / 1000.0;
-    let len_s = interval_ms as f64 / 1000.0;
-    for (name, d) in [("read", &v.read), ("write", &v.write)] {
-        let Some(d) = d else { continue };
-        for (kind, bytes) in [("lat", &d.lat_hist), ("lat_intended", &d.lat_intended_hist)] {
-            if bytes.is_empty() {
-                continue;
-            }
-            let max = lockstep_proto::histogram::SparseHistogram::decode(bytes)
-                .map(|s| s.max())
-                .unwrap_or(0);
-            h.write(
-                &format!("{node}/{}/{name}/{kind}", v.volume),
-                start_s,
-                len_s,
-                max,
-                bytes,
-            )?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,7 +464,7 @@ mod tests {
         ]
     }
 
-    fn streams<'a>(phases: &'a [PhaseSpec], hlog: &'a mut Option<RunLog>) -> Streams<'a> {
+    fn streams<'a>(phases: &'a [PhaseSpec], store: Option<&'a StoreWriter>) -> Streams<'a> {
         let names = ["a1", "a2"];
         let infos: Vec<_> = names
             .iter()
@@ -507,7 +491,7 @@ mod tests {
             phase_t0: Instant::now(),
             interval: Duration::from_secs(1),
             phases,
-            hlog,
+            store,
             aborted: false,
             status_reason: String::new(),
             abort_deadline: None,
@@ -543,8 +527,8 @@ mod tests {
 
     #[test]
     fn only_intervals_whose_middle_is_in_a_measured_phase_count() {
-        let (p, mut h) = (phases(), None);
-        let s = streams(&p, &mut h);
+        let p = phases();
+        let s = streams(&p, None);
         assert!(!s.measured(0) && !s.measured(1));
         assert!(s.measured(2) && s.measured(9));
         assert!(!s.measured(10));
@@ -552,8 +536,8 @@ mod tests {
 
     #[test]
     fn a_broken_stream_that_never_comes_back_is_lost_from_when_it_broke() {
-        let (p, mut h) = (phases(), None);
-        let mut s = streams(&p, &mut h);
+        let p = phases();
+        let mut s = streams(&p, None);
         let mut log = Log::default();
         s.on_event(event(0, interval(2, 100)), &mut log).unwrap();
         s.on_event(Ev::Detached(1, "connection lost".into()), &mut log)
@@ -580,8 +564,8 @@ mod tests {
 
     #[test]
     fn a_final_result_ends_a_stream_once_and_keeps_its_volumes_and_errors() {
-        let (p, mut h) = (phases(), None);
-        let mut s = streams(&p, &mut h);
+        let p = phases();
+        let mut s = streams(&p, None);
         let mut log = Log::default();
         let fin = FinalResult {
             volumes: vec![lockstep_proto::v1::VolumeResult {
@@ -606,8 +590,8 @@ mod tests {
 
     #[test]
     fn a_fault_that_begins_and_ends_is_one_window_announced_per_change() {
-        let (p, mut h) = (phases(), None);
-        let mut s = streams(&p, &mut h);
+        let p = phases();
+        let mut s = streams(&p, None);
         let mut log = Log::default();
         let fe = |end: i64| {
             run_event::Event::Fault(FaultEvent {
@@ -636,8 +620,8 @@ mod tests {
 
     #[test]
     fn after_a_stop_the_agents_without_a_final_result_are_lost_at_the_deadline() {
-        let (p, mut h) = (phases(), None);
-        let mut s = streams(&p, &mut h);
+        let p = phases();
+        let mut s = streams(&p, None);
         let mut log = Log::default();
         s.on_event(
             event(

@@ -12,6 +12,7 @@ use lockstep_proto::histogram::{BucketDecoder, Geometry, HistogramCodecError, Sp
 use lockstep_proto::v1::{DirInterval, IntervalReport, VolumeInterval};
 
 use crate::results::counts::{DenseCounts, PagedCounts, Union2, UnionFigures};
+use crate::results::keeper::{Keep, KeptPoints};
 use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::results::{ClusterPoint, DirSummary, LatSummary, NodeResult, Summary, VolumeResult};
 
@@ -136,7 +137,9 @@ fn summarize(d: &Dirs, seconds: f64) -> Result<Summary, HistogramCodecError> {
 }
 
 struct VolumeAcc {
+    /// What the volume is; its `points` stay empty (they are in `kept`).
     series: VolumeSeries,
+    kept: KeptPoints,
     total: [DirAcc; 2],
     outstanding_sum: f64,
     intervals: u64,
@@ -281,6 +284,7 @@ impl Decoded {
 
 pub struct Merger {
     interval_ms: u64,
+    keep: Keep,
     /// agent -> its volumes in plan order (the order it reports them in), as (volume, index
     /// into `volumes`).
     index: HashMap<String, Vec<(String, usize)>>,
@@ -312,6 +316,7 @@ impl Merger {
                     lost_at_ms: None,
                     points: Vec::new(),
                 },
+                kept: KeptPoints::default(),
                 total: Default::default(),
                 outstanding_sum: 0.0,
                 intervals: 0,
@@ -319,6 +324,7 @@ impl Merger {
         }
         Merger {
             interval_ms,
+            keep: Keep::for_run(interval_ms, 0, accs.len()),
             index,
             volumes: accs,
             cluster: BTreeMap::new(),
@@ -326,6 +332,35 @@ impl Merger {
             closed_below: 0,
             decoded: Decoded::default(),
         }
+    }
+
+    /// Sizes the points kept in memory for a run of `intervals` planned intervals
+    /// (results/keeper.rs): without it every interval's point is kept.
+    pub fn planned_intervals(mut self, intervals: u64) -> Self {
+        self.keep = Keep::for_run(self.interval_ms, intervals, self.volumes.len());
+        self
+    }
+
+    /// Keeps only the recent points in memory: the run writes every point to its data files
+    /// and reads the timeline back from them at the end (results/keeper.rs).
+    pub fn points_on_disk(mut self) -> Self {
+        self.keep.in_memory = false;
+        self
+    }
+
+    /// How the points are kept (intervals per kept point, recent points per volume).
+    pub fn keep(&self) -> Keep {
+        self.keep
+    }
+
+    /// A volume's position in the run's volume table (its id in the data files).
+    pub fn volume_index(&self, agent: &str, volume: &str) -> Option<usize> {
+        self.lookup(agent, volume)
+    }
+
+    /// How many volumes the run has.
+    pub fn volume_count(&self) -> usize {
+        self.volumes.len()
     }
 
     /// Takes one volume's interval `index` from `agent` (it ends at (index + 1) x interval
@@ -442,7 +477,7 @@ impl Merger {
             lat_max_us: us(u.max),
         };
         acc.series.configured_depth = vi.configured_depth;
-        acc.series.points.push(point);
+        acc.kept.push(index, point, &self.keep);
         if !measured {
             return Ok(point);
         }
@@ -486,18 +521,44 @@ impl Merger {
         self.cluster.keys().next_back().copied()
     }
 
-    /// The timeline so far (for the live chokepoint finder and the final results).
+    /// The kept timeline so far, one point per `keep().fold` intervals (for the final
+    /// analysis and the report).
     pub fn timeline(&self) -> Timeline {
+        self.timeline_of(self.keep.interval_ms * self.keep.fold, |k| {
+            k.all(&self.keep)
+        })
+    }
+
+    /// The last few minutes at full resolution (for the live view and the live finder).
+    pub fn recent_timeline(&self) -> Timeline {
+        self.timeline_of(self.interval_ms, |k| k.recent.iter().copied().collect())
+    }
+
+    fn timeline_of(
+        &self,
+        interval_ms: u64,
+        points: impl Fn(&KeptPoints) -> Vec<VolumePoint>,
+    ) -> Timeline {
         Timeline {
-            interval_ms: self.interval_ms,
-            volumes: self.volumes.iter().map(|v| v.series.clone()).collect(),
+            interval_ms,
+            volumes: self
+                .volumes
+                .iter()
+                .map(|v| VolumeSeries {
+                    points: points(&v.kept),
+                    ..v.series.clone()
+                })
+                .collect(),
             faults: Vec::new(),
         }
     }
 
-    /// Borrowed timeline series, without copying (for the live view).
-    pub fn series(&self) -> impl Iterator<Item = &VolumeSeries> {
-        self.volumes.iter().map(|v| &v.series)
+    /// Each volume (its `points` empty) with its newest point, without copying (for the live
+    /// view and the metrics).
+    pub fn latest(&self) -> impl Iterator<Item = (&VolumeSeries, Option<&VolumePoint>)> {
+        self.volumes
+            .iter()
+            .map(|v| (&v.series, v.kept.recent.back()))
     }
 
     /// Volume, node and cluster results and the cluster timeline. `seconds` is the measured

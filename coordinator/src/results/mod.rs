@@ -12,7 +12,9 @@ pub mod counts;
 pub mod curve;
 pub mod drill;
 pub mod hlog;
+pub mod keeper;
 pub mod merge;
+pub mod store;
 pub mod sweep;
 pub mod timeline;
 
@@ -257,6 +259,28 @@ pub struct RunResults {
     /// (latency against outstanding IOs) section.
     #[serde(flatten, deserialize_with = "series")]
     pub series: Option<Series>,
+    /// The run's data files: every volume's interval histograms and points (results/store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataFiles>,
+}
+
+/// Where a run's interval data is and how much there is: results.json keeps the summaries and
+/// points here, so it stays small whatever the run's length.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataFiles {
+    /// The directory, relative to the results directory (`data`).
+    pub dir: String,
+    /// Intervals per point of `timeline.json` and of the final chokepoint analysis (1 unless
+    /// the run was long and wide: results/keeper.rs).
+    pub timeline_fold: u64,
+    /// Agent reports stored (one block each).
+    pub blocks: u64,
+    /// Histogram bytes as received, and as stored after compression.
+    pub histogram_bytes: u64,
+    pub stored_bytes: u64,
+    /// Why some data could not be written (the results and report are still complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The figures of a run made of several complete runs.

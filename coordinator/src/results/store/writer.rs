@@ -1,0 +1,227 @@
+//! Writes a run's data files while the run goes on, on a thread of its own: the run loop hands
+//! over each agent's interval (already merged) and goes on; compression and disk writes use the
+//! other core, and the run's memory holds only what is queued.
+//!
+//! A full or failing results disk must not end the run (its report still reaches stdout): the
+//! first write error is kept for the end and later writes are dropped.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use super::format::{
+    HISTOGRAMS_MAGIC, INDEX_MAGIC, IndexEntry, POINT_SIZE, PointsHeader, Tag, push_record,
+};
+use super::{HISTOGRAMS, INDEX, Manifest, POINTS};
+use lockstep_proto::v1::VolumeInterval;
+
+/// zstd's fastest levels already take most of what there is to take from histograms (their
+/// counts are noise); a higher level costs CPU the coordinator needs for merging.
+const ZSTD_LEVEL: i32 = 1;
+
+/// How many agent reports may wait for the disk. Beyond it the run loop waits: memory stays
+/// bounded (a report is a few KiB per volume) when the disk is slower than the agents.
+const QUEUE: usize = 4096;
+
+/// One agent's report of one interval, ready for the disk.
+pub struct ReportBlock {
+    pub interval: u64,
+    pub len_ms: u32,
+    pub first_volume: u32,
+    pub volumes: u32,
+    /// Uncompressed records (`format::push_record`).
+    pub records: Vec<u8>,
+    /// The volumes' points, `POINT_SIZE` bytes each, for volumes `first_volume..`.
+    pub points: Vec<u8>,
+}
+
+impl ReportBlock {
+    /// A block for `volumes` of one agent, with room for their records.
+    pub fn new(interval: u64, len_ms: u32, first_volume: u32, volumes: u32) -> Self {
+        ReportBlock {
+            interval,
+            len_ms,
+            first_volume,
+            volumes,
+            records: Vec::with_capacity(volumes as usize * 2048),
+            points: vec![0u8; volumes as usize * POINT_SIZE],
+        }
+    }
+
+    /// Adds one volume's histograms, as the agent sent them.
+    pub fn add(&mut self, volume: u32, vi: &VolumeInterval) {
+        for (dir, d) in [(0u8, &vi.read), (1, &vi.write)] {
+            let Some(d) = d else { continue };
+            for (intended, bytes) in [(false, &d.lat_hist), (true, &d.lat_intended_hist)] {
+                if !bytes.is_empty() {
+                    push_record(&mut self.records, volume, Tag { dir, intended }, bytes);
+                }
+            }
+        }
+    }
+
+    /// Adds one volume's point.
+    pub fn add_point(&mut self, volume: u32, point: &[u8; POINT_SIZE]) {
+        let at = (volume - self.first_volume) as usize * POINT_SIZE;
+        if let Some(slot) = self.points.get_mut(at..at + POINT_SIZE) {
+            slot.copy_from_slice(point);
+        }
+    }
+}
+
+/// What the writer wrote, for the end of the run.
+#[derive(Debug, Default, Clone)]
+pub struct StoreStats {
+    pub blocks: u64,
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+    /// The first write error, if any (later writes were dropped).
+    pub error: Option<String>,
+}
+
+pub struct StoreWriter {
+    tx: Option<SyncSender<ReportBlock>>,
+    thread: Option<JoinHandle<StoreStats>>,
+    pub dir: PathBuf,
+}
+
+fn create(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never through a link left in the results directory.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+impl StoreWriter {
+    /// Creates `dir` (the run's `data/`) with its manifest and empty data files, and starts the
+    /// writer thread.
+    pub fn create(dir: &Path, manifest: &Manifest) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+        let json = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+        lockstep_core::atomic_file::write_atomically(&dir.join(super::MANIFEST), &json)?;
+        let mut hist = create(&dir.join(HISTOGRAMS))?;
+        hist.write_all(HISTOGRAMS_MAGIC)?;
+        let mut index = create(&dir.join(INDEX))?;
+        index.write_all(INDEX_MAGIC)?;
+        let points = create(&dir.join(POINTS))?;
+        let header = PointsHeader {
+            volumes: manifest.volumes.len() as u32,
+            interval_ms: manifest.interval_ms as u32,
+        };
+        points.write_all_at(&header.to_bytes(), 0)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        let files = Files {
+            hist,
+            hist_len: HISTOGRAMS_MAGIC.len() as u64,
+            index: io::BufWriter::with_capacity(1 << 16, index),
+            points,
+            header,
+            compressor: zstd::bulk::Compressor::new(ZSTD_LEVEL)?,
+            stats: StoreStats::default(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("lockstep-store".into())
+            .spawn(move || files.run(rx))?;
+        Ok(StoreWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Queues one agent's interval; waits only when the disk is that far behind.
+    pub fn write(&self, block: ReportBlock) {
+        if let Some(tx) = &self.tx {
+            // A closed channel means the thread ended (it only does after `finish`).
+            let _ = tx.send(block);
+        }
+    }
+
+    /// Writes what is queued and closes the files.
+    pub fn finish(mut self) -> StoreStats {
+        self.tx.take();
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_else(|| StoreStats {
+                error: Some("the data writer thread panicked".into()),
+                ..Default::default()
+            })
+    }
+}
+
+impl Drop for StoreWriter {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Files {
+    hist: File,
+    hist_len: u64,
+    index: io::BufWriter<File>,
+    points: File,
+    header: PointsHeader,
+    compressor: zstd::bulk::Compressor<'static>,
+    stats: StoreStats,
+}
+
+impl Files {
+    fn run(mut self, rx: Receiver<ReportBlock>) -> StoreStats {
+        for block in rx {
+            if self.stats.error.is_some() {
+                continue;
+            }
+            if let Err(e) = self.write(&block) {
+                self.stats.error = Some(e.to_string());
+            }
+        }
+        if self.stats.error.is_none() {
+            let flushed = self
+                .index
+                .flush()
+                .and_then(|()| self.hist.sync_data())
+                .and_then(|()| self.points.sync_data());
+            if let Err(e) = flushed {
+                self.stats.error = Some(e.to_string());
+            }
+        }
+        self.stats
+    }
+
+    fn write(&mut self, b: &ReportBlock) -> io::Result<()> {
+        if !b.records.is_empty() {
+            let packed = self.compressor.compress(&b.records)?;
+            self.hist.write_all(&packed)?;
+            let entry = IndexEntry {
+                interval: b.interval as u32,
+                len_ms: b.len_ms,
+                first_volume: b.first_volume,
+                volumes: b.volumes,
+                offset: self.hist_len,
+                len: packed.len() as u32,
+                crc: crc32c::crc32c(&packed),
+            };
+            self.hist_len += packed.len() as u64;
+            self.index.write_all(&entry.to_bytes())?;
+            self.stats.blocks += 1;
+            self.stats.raw_bytes += b.records.len() as u64;
+            self.stats.stored_bytes += packed.len() as u64;
+        }
+        let at = self.header.offset(b.interval, b.first_volume);
+        self.points.write_all_at(&b.points, at)
+    }
+}
