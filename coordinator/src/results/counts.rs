@@ -116,21 +116,30 @@ impl PagedCounts {
     }
 
     /// The non-zero buckets in index order.
-    fn buckets(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.pages.iter().enumerate().flat_map(move |(p, page)| {
-            page.iter().flat_map(move |page| {
-                page.iter().enumerate().filter_map(move |(k, &c)| {
-                    let i = (p * PAGE + k) as u32;
-                    let c = u64::from(c) + self.high.get(&i).copied().unwrap_or(0);
-                    (c > 0).then_some((i, c))
-                })
-            })
-        })
+    fn buckets(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        for (p, page) in self.pages.iter().enumerate() {
+            let Some(page) = page else { continue };
+            for (k, &c) in page.iter().enumerate() {
+                if c > 0 {
+                    out.push(((p * PAGE + k) as u32, u64::from(c)));
+                }
+            }
+        }
+        // A slot at 0 may still hold a count in `high` (a multiple of 2^32).
+        if !self.high.is_empty() {
+            let mut all: BTreeMap<u32, u64> = out.into_iter().collect();
+            for (&i, &h) in &self.high {
+                *all.entry(i).or_default() += h;
+            }
+            out = all.into_iter().collect();
+        }
+        out
     }
 
     pub fn to_sparse(&self) -> Option<SparseHistogram> {
         let g = self.geometry?;
-        Some(SparseHistogram::from_sorted(g, self.buckets().collect()))
+        Some(SparseHistogram::from_sorted(g, self.buckets()))
     }
 }
 
