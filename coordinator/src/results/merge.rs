@@ -867,7 +867,9 @@ mod tests {
         ) {
             // 2 nodes x 2 volumes x [read, write] x 3 intervals.
             let (nodes, vols, intervals) = (2, 2, 3u64);
-            let at = |n: usize, v: usize, d: usize, i: u64| &lat[((n * vols + v) * 2 + d) * 3 + i as usize];
+            let at = |n: usize, v: usize, d: usize, i: u64| {
+                &lat[((n * vols + v) * 2 + d) * 3 + i as usize]
+            };
             let mut m = Merger::new(1000, &planned(nodes, vols));
             for i in 0..intervals {
                 for n in 0..nodes {
@@ -888,7 +890,8 @@ mod tests {
                     let r = &f.volumes[n * vols + v];
                     let mut both = hist(&[]);
                     for d in 0..2 {
-                        let all: Vec<u64> = (0..intervals).flat_map(|i| at(n, v, d, i).clone()).collect();
+                        let all: Vec<u64> =
+                            (0..intervals).flat_map(|i| at(n, v, d, i).clone()).collect();
                         let h = hist(&all);
                         assert_exact(&[&r.summary.read, &r.summary.write][d].lat, &h);
                         node[d].add(&h).unwrap();
@@ -915,8 +918,9 @@ mod tests {
                 }
                 let p = m.cluster_point(i).unwrap();
                 let us = |ns: u64| ns as f64 / 1000.0;
-                proptest::prop_assert_eq!(p.lat_p99_us, if h.is_empty() { 0.0 } else { us(h.value_at_quantile(0.99)) });
-                proptest::prop_assert_eq!(p.lat_p999_us, if h.is_empty() { 0.0 } else { us(h.value_at_quantile(0.999)) });
+                let want = |q: f64| if h.is_empty() { 0.0 } else { us(h.value_at_quantile(q)) };
+                proptest::prop_assert_eq!(p.lat_p99_us, want(0.99));
+                proptest::prop_assert_eq!(p.lat_p999_us, want(0.999));
                 proptest::prop_assert_eq!(p.volumes as usize, nodes * vols);
             }
         }
