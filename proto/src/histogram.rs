@@ -264,10 +264,10 @@ impl SparseHistogram {
         let geometry = Geometry::new(h.low(), h.high(), h.sigfig()).expect("a valid histogram");
         let mut s = SparseHistogram::empty(geometry);
         // Round trip through the wire format keeps one definition of the indexes.
-        if let Ok(bytes) = encode(h) {
-            if let Ok(d) = SparseHistogram::decode(&bytes) {
-                s = d;
-            }
+        if let Ok(bytes) = encode(h)
+            && let Ok(d) = SparseHistogram::decode(&bytes)
+        {
+            s = d;
         }
         s
     }
@@ -392,10 +392,10 @@ impl SparseHistogram {
     /// Adds the counts into a dense counts array indexed like HdrHistogram's (grown as needed):
     /// the cheapest way to merge many histograms into one that is finished later.
     pub fn add_to_dense(&self, dense: &mut Vec<u64>) {
-        if let Some(&(last, _)) = self.buckets.last() {
-            if dense.len() <= last as usize {
-                dense.resize(last as usize + 1, 0);
-            }
+        if let Some(&(last, _)) = self.buckets.last()
+            && dense.len() <= last as usize
+        {
+            dense.resize(last as usize + 1, 0);
         }
         for &(i, c) in &self.buckets {
             dense[i as usize] += c;
@@ -451,11 +451,11 @@ impl SparseHistogram {
             }
             let mut c = 0;
             for (k, p) in parts.iter().enumerate() {
-                if let Some(&(i, n)) = p.buckets.get(pos[k]) {
-                    if i == idx {
-                        c += n;
-                        pos[k] += 1;
-                    }
+                if let Some(&(i, n)) = p.buckets.get(pos[k])
+                    && i == idx
+                {
+                    c += n;
+                    pos[k] += 1;
                 }
             }
             acc += c;
