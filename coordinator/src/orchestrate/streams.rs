@@ -163,13 +163,13 @@ impl<'a> Streams<'a> {
         let name = &self.tracks[i].name;
         let mut stored = Vec::with_capacity(iv.volumes.len());
         let mut errors = Vec::new();
-        for v in &iv.volumes {
-            match self.merger.ingest(name, iv.index, len_ms, v, counted) {
-                Ok(point) => {
-                    if let Some(id) = self.merger.volume_index(name, &v.volume) {
-                        stored.push((id as u32, v, encode_point(&point, counted)));
-                    }
-                }
+        for (v, r) in iv
+            .volumes
+            .iter()
+            .zip(self.merger.ingest_report(name, iv, counted))
+        {
+            match r {
+                Ok((id, point)) => stored.push((id as u32, v, encode_point(&point, counted))),
                 Err(e) => errors.push(e.to_string()),
             }
         }

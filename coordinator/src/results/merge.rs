@@ -382,7 +382,8 @@ impl Merger {
     }
 
     /// Takes a whole interval report of `agent` (every volume it has), as `ingest` would each
-    /// volume, and gives each volume's point or error in the report's order. The agent is
+    /// volume, and gives each volume's id (its place in the run's volume table, as in the data
+    /// files) and point, or its error, in the report's order. The agent is
     /// looked up once and its volumes by position (agents report them in plan order), by name
     /// only when the position does not match.
     pub fn ingest_report(
@@ -390,7 +391,7 @@ impl Merger {
         agent: &str,
         report: &IntervalReport,
         measured: bool,
-    ) -> Vec<Result<VolumePoint, MergeError>> {
+    ) -> Vec<Result<(usize, VolumePoint), MergeError>> {
         let len_ms = report.len_ns / 1_000_000;
         let planned = self.index.get(agent).map(Vec::as_slice).unwrap_or(&[]);
         let at: Vec<Option<usize>> = report
@@ -412,6 +413,7 @@ impl Merger {
             .map(|(vi, vix)| {
                 let vix = vix.ok_or_else(|| unknown(agent, vi, report.index))?;
                 self.ingest_volume(vix, agent, report.index, len_ms, vi, measured)
+                    .map(|p| (vix, p))
             })
             .collect()
     }
@@ -947,7 +949,7 @@ mod tests {
         assert_eq!(out.len(), 4);
         let p99: Vec<f64> = out[..3]
             .iter()
-            .map(|p| p.as_ref().unwrap().lat_p99_us)
+            .map(|p| p.as_ref().unwrap().1.lat_p99_us)
             .collect();
         assert_eq!(p99, vec![0.3, 0.2, 0.1]);
         let e = out[3].as_ref().unwrap_err().to_string();
