@@ -223,8 +223,9 @@ fn verify_state(ctx: &CloneCtx<'_>) -> Result<VerifyState, String> {
         ctx.opts.verify_memory_limit,
     )
     .map_err(|e| {
+        let at = spill.map_or(String::new(), |s| format!(" at {}", s.path.display()));
         format!(
-            "verify: the table of {bytes} bytes for job '{}' could not be made: {e}",
+            "verify: the state table of job '{}' ({bytes} bytes, 8 per block) could not be made{at}: {e}",
             job.name
         )
     })

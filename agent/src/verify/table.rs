@@ -197,9 +197,13 @@ impl Mapping {
             .max(1);
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let file = match spill.scope.open(&spill.path, flags, 0o600) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // Left by an agent killed between creating and unlinking it: ours to replace
-                // (removal through the scope removes a planted link, not its target).
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists
+                    && spill.scope.owns_existing_files() =>
+            {
+                // Inside a volume, left by an agent killed between creating and unlinking it:
+                // ours to replace (removal through the scope removes a planted link, not its
+                // target). A path a local job file names is not removed: the error says so.
                 spill.scope.remove(&spill.path)?;
                 spill.scope.open(&spill.path, flags, 0o600)?
             }
