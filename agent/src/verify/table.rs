@@ -189,7 +189,7 @@ impl Mapping {
 
     /// Creates the file beside the job's files through the volume's scope (the same confined
     /// open as the state file: no link followed, no file with a second hard link written),
-    /// sizes it (sparse: only pages written take space), maps it and unlinks it.
+    /// allocates it, maps it and unlinks it.
     fn create(spill: &Spill, words: usize) -> io::Result<Mapping> {
         let bytes = words
             .checked_mul(BYTES_PER_BLOCK as usize)
@@ -211,8 +211,20 @@ impl Mapping {
         };
         let result = (|| {
             confine::check_private(&spill.path, &file)?;
-            file.set_len(bytes as u64)?;
             use std::os::fd::AsRawFd;
+            // The blocks are allocated now: a page of a shared mapping that the filesystem
+            // cannot allocate when it is first written kills the process with SIGBUS, so a
+            // full volume must be an error here, before the run. Filesystems without
+            // fallocate (some network and FUSE ones) get a sparse file.
+            // SAFETY: plain syscall on a descriptor we own.
+            let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(e);
+                }
+                file.set_len(bytes as u64)?;
+            }
             // SAFETY: a new shared mapping of a file we just sized; checked for failure.
             let ptr = unsafe {
                 libc::mmap(
