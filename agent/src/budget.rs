@@ -20,9 +20,9 @@ use crate::layout::PlannedFile;
 /// resident memory per clone with 4 KiB buffers at iodepth 1.
 pub const CLONE_OVERHEAD: u64 = 4 << 20;
 
-/// Memory per block a verifying clone keeps for every block it writes (map entry with its
-/// generations, and the map's own overhead).
-pub const VERIFY_BYTES_PER_BLOCK: u64 = 64;
+/// Memory per block of a verifying clone's layout (its state table, `verify::table`), up to
+/// `verify::IN_MEMORY_LIMIT` per clone; a larger table goes to a file on the volume.
+pub const VERIFY_BYTES_PER_BLOCK: u64 = crate::verify::BYTES_PER_BLOCK;
 
 /// Memory per io_uring ring entry (submission and completion queue entries, two completion
 /// entries per submission, and the index array).
@@ -141,7 +141,12 @@ pub fn clone_needs(job: &JobSpec) -> Needs {
         _ => 0,
     };
     let verify = if job.verify.is_some() {
-        region / job.min_bs().max(1) * VERIFY_BYTES_PER_BLOCK
+        // A volume that is one file or device has no room for the table: it stays in memory.
+        let can_spill = !matches!(job.scope, crate::confine::Scope::Exact(_));
+        crate::verify::memory_bytes(
+            region / job.min_bs().max(1) * VERIFY_BYTES_PER_BLOCK,
+            can_spill,
+        )
     } else {
         0
     };
@@ -404,11 +409,20 @@ mod tests {
         );
         j.filesize = Some(GIB);
         j.nrfiles = 2;
-        let (n, _) = needs(&[j]);
+        let (n, _) = needs(std::slice::from_ref(&j));
         assert_eq!(
             n.overhead,
             CLONE_OVERHEAD + 2 * GIB / 4096 * VERIFY_BYTES_PER_BLOCK
         );
+        // 1 TiB: the table (2 GiB) goes to a file on the volume, unless the volume is one
+        // file or device, where it must stay in memory.
+        j.filesize = Some(1024 * GIB);
+        j.nrfiles = 1;
+        let (n, _) = needs(std::slice::from_ref(&j));
+        assert_eq!(n.overhead, CLONE_OVERHEAD);
+        j.scope = crate::confine::Scope::Exact("/dev/sdx".into());
+        let (n, _) = needs(&[j]);
+        assert_eq!(n.overhead, CLONE_OVERHEAD + 1024 * GIB / 4096 * 8);
     }
 
     #[test]

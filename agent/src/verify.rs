@@ -17,15 +17,28 @@
 //! - one write block size per job, aligned to itself, so blocks never overlap (checked before
 //!   the run: `check_job`).
 //!
-//! The state (generation per block) is saved next to the data files when the job ends, so
-//! `lockstep-agent verify` can check the same files later (after a restart), with the same
-//! rules. Findings are listed by file and offset (at most `FINDINGS_LIMIT` per report; the
-//! counts are always exact).
+//! While the job runs, the state is a dense table of 8 bytes per block of the clone's layout
+//! (`table`): in memory up to `IN_MEMORY_LIMIT`, beyond that in an unlinked file mapped from
+//! beside the job's files on the volume. The state (generation per block) is saved next to the
+//! data files when the job ends, so `lockstep-agent verify` can check the same files later
+//! (after a restart), with the same rules; it streams the saved records, so checking takes no
+//! memory per block either. Findings are listed by file and offset (at most `FINDINGS_LIMIT`
+//! per report; the counts are always exact).
+//!
+//! Generations are `u32`, and `u32::MAX` is reserved for checkpoints (`ANY_LATER`). The wrap
+//! rule: the write after generation `GEN_MAX` (4.29 billion writes to one block, about 12 hours
+//! at 100,000 writes per second to that one block) is generation 1 again, and the block starts
+//! over as never acknowledged; from its next acknowledged write on it is checked exactly again.
+//! A write lost exactly at the wrap shows as corrupt (a generation never acknowledged) rather
+//! than stale.
 
-use std::collections::HashMap;
+mod table;
+
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +49,10 @@ use crate::job::{Direction, JobSpec};
 pub use lockstep_core::verify::{
     BlockRef, FINDINGS_LIMIT, Finding, FindingKind, VerifyReport, render_text,
 };
+pub use table::{BYTES_PER_BLOCK, IN_MEMORY_LIMIT, Layout, Spill, memory_bytes};
+
+/// The last generation before the wrap (see the module's doc); `u32::MAX` is `ANY_LATER`.
+pub const GEN_MAX: u32 = u32::MAX - 1;
 
 const MAGIC: u64 = 0x3130_5650_5453_4b4c; // "LKSTPV01"
 /// Bytes of header at the start of every verified block.
@@ -117,56 +134,161 @@ pub struct Block {
     pub dropped: bool,
 }
 
+impl Block {
+    /// A write is issued: returns its generation.
+    fn issue(&mut self, len: u32) -> u32 {
+        if self.issued >= GEN_MAX {
+            // The wrap rule (module doc): start over as a block never acknowledged.
+            *self = Block::default();
+        }
+        self.len = len;
+        self.issued += 1;
+        self.inflight = true;
+        self.issued
+    }
+
+    /// The write of `generation` completed; true when it counts as a dropped write.
+    fn complete(&mut self, generation: u32, ok: bool, dropped: bool) -> bool {
+        self.inflight = false;
+        if ok {
+            self.expect = generation;
+            self.lo = generation;
+            self.dropped = dropped;
+            dropped
+        } else {
+            // Maybe written, maybe not: the old generation or this one.
+            self.lo = self.lo.min(self.expect);
+            self.expect = generation;
+            self.dropped = false;
+            false
+        }
+    }
+}
+
 /// Per job clone: the expectation of every block it wrote.
-#[derive(Debug, Clone, Default)]
 pub struct VerifyState {
     pub seed: u64,
-    pub blocks: HashMap<(u32, u64), Block>,
     /// Writes the `drop_writes` fault dropped (each one acknowledged).
     pub dropped_writes: u64,
+    /// Every block of the layout, one word each.
+    table: table::Table,
+    /// Blocks that have no place in the table: none from the generator (every write is an
+    /// aligned whole block of its region), kept so that any offset is still verified exactly;
+    /// and every block of a state loaded from a file.
+    overflow: BTreeMap<(u32, u64), Block>,
+    /// Blocks of the table written at least once.
+    written: u64,
 }
 
 impl VerifyState {
+    /// A state with no layout (every block goes to the overflow map): for tests and loads.
     pub fn new(seed: u64) -> Self {
-        VerifyState {
+        Self::for_layout(seed, Layout::default(), None, IN_MEMORY_LIMIT)
+            .expect("an empty table needs no file")
+    }
+
+    /// A state for a clone's layout: its table in memory up to `memory_limit` bytes, beyond
+    /// that in a file at `spill` (none: always in memory).
+    pub fn for_layout(
+        seed: u64,
+        layout: Layout,
+        spill: Option<&Spill>,
+        memory_limit: u64,
+    ) -> std::io::Result<Self> {
+        Ok(VerifyState {
             seed,
-            ..Default::default()
+            dropped_writes: 0,
+            table: table::Table::new(layout, spill, memory_limit)?,
+            overflow: BTreeMap::new(),
+            written: 0,
+        })
+    }
+
+    /// The same table, read while this state goes on changing (for a checkpoint on another
+    /// thread: every block is seen as it was at some instant during the save, which a
+    /// checkpoint's "this generation or a later one" allows, since a block's acknowledged
+    /// generation only grows).
+    pub fn live_view(&self) -> VerifyState {
+        VerifyState {
+            seed: self.seed,
+            dropped_writes: self.dropped_writes,
+            table: self.table.clone(),
+            overflow: self.overflow.clone(),
+            written: self.written,
         }
+    }
+
+    /// Where the table's file was made, when the table is on the volume rather than in memory.
+    pub fn spilled_to(&self) -> Option<&Path> {
+        self.table.spilled_to()
+    }
+
+    /// Blocks written at least once.
+    pub fn len(&self) -> u64 {
+        self.written + self.overflow.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The expectation for one block, if it was written.
+    pub fn block(&self, file: u32, offset: u64) -> Option<Block> {
+        if let Some(i) = self.table.index_of(file, offset) {
+            let w = self.table.load(i);
+            if w != 0 {
+                return Some(table::decode(w, self.table.layout.bs));
+            }
+        }
+        self.overflow.get(&(file, offset)).copied()
+    }
+
+    /// Every block written, in (file, offset) order.
+    pub fn blocks(&self) -> impl Iterator<Item = ((u32, u64), Block)> + '_ {
+        let mut a = self.table.iter().peekable();
+        let mut b = self.overflow.iter().map(|(k, v)| (*k, *v)).peekable();
+        std::iter::from_fn(move || match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if y.0 < x.0 => b.next(),
+            (Some(_), _) => a.next(),
+            (None, _) => b.next(),
+        })
     }
 
     /// Whether a write to this block must wait (another write to it is in flight).
     pub fn busy(&self, file: u32, offset: u64) -> bool {
-        self.blocks.get(&(file, offset)).is_some_and(|b| b.inflight)
+        self.block(file, offset).is_some_and(|b| b.inflight)
     }
 
-    /// A write is issued: returns its generation.
+    /// A write is issued: returns its generation. One write per block in flight: the caller
+    /// waits while `busy`.
     pub fn issue(&mut self, file: u32, offset: u64, len: u32) -> u32 {
-        let b = self.blocks.entry((file, offset)).or_default();
-        b.len = len;
-        b.issued += 1;
-        b.inflight = true;
-        b.issued
+        let Some(i) = self.table.index(file, offset, len) else {
+            return self.overflow.entry((file, offset)).or_default().issue(len);
+        };
+        let w = self.table.load(i);
+        self.written += u64::from(w == 0);
+        let mut b = table::decode(w, len);
+        let generation = b.issue(len);
+        self.table.store(i, table::encode(&b));
+        generation
     }
 
-    /// A write completed: acknowledged (`ok`, `dropped` when the fault swallowed it) or failed.
+    /// A write completed (with the generation `issue` gave it): acknowledged (`ok`, `dropped`
+    /// when the fault swallowed it) or failed.
     pub fn complete(&mut self, file: u32, offset: u64, generation: u32, ok: bool, dropped: bool) {
-        let Some(b) = self.blocks.get_mut(&(file, offset)) else {
-            return;
-        };
-        b.inflight = false;
-        if ok {
-            b.expect = generation;
-            b.lo = generation;
-            b.dropped = dropped;
-            if dropped {
-                self.dropped_writes += 1;
+        let counted = match self.table.index_of(file, offset) {
+            Some(i) if self.table.load(i) != 0 => {
+                let mut b = table::decode(self.table.load(i), self.table.layout.bs);
+                let counted = b.complete(generation, ok, dropped);
+                self.table.store(i, table::encode(&b));
+                counted
             }
-        } else {
-            // Maybe written, maybe not: the old generation or this one.
-            b.lo = b.lo.min(b.expect);
-            b.expect = generation;
-            b.dropped = false;
-        }
+            _ => match self.overflow.get_mut(&(file, offset)) {
+                Some(b) => b.complete(generation, ok, dropped),
+                None => return,
+            },
+        };
+        self.dropped_writes += u64::from(counted);
     }
 }
 
@@ -245,19 +367,33 @@ impl Drop for Aligned {
 /// Re-reads every block of `state` from `files` (open, in the order of the state's file
 /// indexes; `names` for the report) and reports what it found, sorted by file and offset.
 pub fn check(state: &VerifyState, files: &[File], names: &[String]) -> VerifyReport {
+    check_blocks(
+        state.seed,
+        state.dropped_writes,
+        state.blocks(),
+        files,
+        names,
+    )
+}
+
+/// `check` for blocks from anywhere (a state in memory, the records of a saved one), in the
+/// order they come.
+fn check_blocks(
+    seed: u64,
+    dropped_writes: u64,
+    blocks: impl Iterator<Item = ((u32, u64), Block)>,
+    files: &[File],
+    names: &[String],
+) -> VerifyReport {
     let mut r = VerifyReport {
-        dropped_writes: state.dropped_writes,
+        dropped_writes,
         ..Default::default()
     };
-    let mut keys: Vec<(&(u32, u64), &Block)> = state.blocks.iter().collect();
-    keys.sort_by_key(|(k, _)| **k);
-    let max_len = keys
-        .iter()
-        .map(|(_, b)| b.len as usize)
-        .max()
-        .unwrap_or(4096);
-    let mut buf = Aligned::new(max_len);
-    for (&(file, offset), b) in keys {
+    let mut buf = Aligned::new(4096);
+    for ((file, offset), b) in blocks {
+        if b.len as usize > buf.layout.size() {
+            buf = Aligned::new(b.len as usize);
+        }
         let name = names
             .get(file as usize)
             .cloned()
@@ -295,7 +431,7 @@ pub fn check(state: &VerifyState, files: &[File], names: &[String]) -> VerifyRep
                 },
             ))
         } else {
-            judge(read_content(data, file, offset, state.seed), b)
+            judge(read_content(data, file, offset, seed), &b)
         };
         match verdict {
             None => r.good += 1,
@@ -360,6 +496,12 @@ pub fn state_path(first_file: &Path, job: &str, clone: u32) -> PathBuf {
     first_file.with_file_name(format!("{job}.{clone}.verify-state"))
 }
 
+/// Where a clone's state table goes when it is too large for memory: beside its first file,
+/// `<job>.<clone>.verify-table` (unlinked as soon as it is mapped).
+pub fn table_path(first_file: &Path, job: &str, clone: u32) -> PathBuf {
+    first_file.with_file_name(format!("{job}.{clone}.verify-table"))
+}
+
 /// Saves a clone's state atomically (temporary file, fsync, rename): a JSON header line, then
 /// one 25-byte record per block (file u32, offset u64, len u32, lo u32, expect u32, dropped u8,
 /// little-endian).
@@ -411,21 +553,31 @@ fn write_state(
     confine::check_private(&tmp, &f).map_err(io)?;
     f.set_len(0).map_err(io)?;
     let mut w = BufWriter::new(f);
+    // The number of records is known once they are written (a checkpoint reads a table that
+    // is still changing), so the header is written with room for any count and the count is
+    // put in place at the end (JSON allows the spaces that pad it).
     let header = StateHeader {
         job: job.into(),
         clone,
         seed: state.seed,
         files: files.to_vec(),
-        blocks: state.blocks.len() as u64,
+        blocks: u64::MAX,
         dropped_writes: state.dropped_writes,
         checkpoint,
     };
+    let line = serde_json::to_string(&header).map_err(|e| io(e.into()))?;
+    let count_at = STATE_VERSION.len() as u64
+        + 1
+        + (line
+            .find(&format!("\"blocks\":{}", u64::MAX))
+            .expect("the header has a block count")
+            + "\"blocks\":".len()) as u64;
     writeln!(w, "{STATE_VERSION}").map_err(io)?;
-    serde_json::to_writer(&mut w, &header).map_err(|e| io(e.into()))?;
+    w.write_all(line.as_bytes()).map_err(io)?;
     w.write_all(b"\n").map_err(io)?;
-    let mut keys: Vec<_> = state.blocks.iter().collect();
-    keys.sort_by_key(|(k, _)| **k);
-    for (&(file, offset), b) in keys {
+    let mut count = 0u64;
+    for ((file, offset), b) in state.blocks() {
+        count += 1;
         // A write still in flight cannot be at the end of a job; if one were, its block is
         // saved as "the previous generation or this one".
         let lo = if b.inflight { b.lo.min(b.expect) } else { b.lo };
@@ -446,6 +598,8 @@ fn write_state(
         w.write_all(&rec).map_err(io)?;
     }
     let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    f.write_all_at(format!("{count:>20}").as_bytes(), count_at)
+        .map_err(io)?;
     f.sync_all().map_err(io)?;
     scope.rename(&tmp, path).map_err(io)?;
     Ok(())
@@ -461,20 +615,24 @@ pub struct Saved {
     pub checkpoint: bool,
 }
 
-pub fn load(path: &Path) -> Result<Saved, StateError> {
+/// A state file opened and its header read; the records follow in `reader`.
+struct Opened {
+    header: StateHeader,
+    reader: BufReader<File>,
+}
+
+fn open_state(path: &Path) -> Result<Opened, StateError> {
     let p = path.display().to_string();
     let fmt = |problem: String| StateError::Format {
         path: p.clone(),
         problem,
     };
-    let f = File::open(path).map_err(|source| StateError::Io {
+    let ioe = |source| StateError::Io {
         path: p.clone(),
         source,
-    })?;
-    let meta = f.metadata().map_err(|source| StateError::Io {
-        path: p.clone(),
-        source,
-    })?;
+    };
+    let f = File::open(path).map_err(ioe)?;
+    let meta = f.metadata().map_err(ioe)?;
     if !meta.is_file() {
         return Err(fmt("not a regular file".into()));
     }
@@ -486,10 +644,7 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
     (&mut r)
         .take(HEADER_LIMIT)
         .read_line(&mut line)
-        .map_err(|source| StateError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        .map_err(ioe)?;
     if line.trim_end() != STATE_VERSION {
         return Err(fmt(format!("first line is not '{STATE_VERSION}'")));
     }
@@ -497,49 +652,76 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
     (&mut r)
         .take(HEADER_LIMIT)
         .read_line(&mut line)
-        .map_err(|source| StateError::Io {
-            path: p.clone(),
-            source,
-        })?;
-    let records = meta
-        .len()
-        .saturating_sub(r.stream_position().unwrap_or(0) as u64)
-        / 25;
-    let h: StateHeader = serde_json::from_str(&line).map_err(|e| fmt(format!("header: {e}")))?;
-    let mut state = VerifyState {
-        seed: h.seed,
-        dropped_writes: h.dropped_writes,
-        ..Default::default()
-    };
-    if h.blocks > records {
+        .map_err(ioe)?;
+    let records = meta.len().saturating_sub(r.stream_position().unwrap_or(0)) / 25;
+    let header: StateHeader =
+        serde_json::from_str(&line).map_err(|e| fmt(format!("header: {e}")))?;
+    if header.blocks > records {
         return Err(fmt(format!(
             "the header promises {} records and the file holds {records}",
-            h.blocks
+            header.blocks
         )));
     }
-    let mut rec = [0u8; 25];
-    for i in 0..h.blocks {
-        r.read_exact(&mut rec)
-            .map_err(|e| fmt(format!("record {i} of {}: {e}", h.blocks)))?;
-        let le32 = |a: usize| u32::from_le_bytes(rec[a..a + 4].try_into().unwrap());
-        let file = le32(0);
-        if file as usize >= h.files.len() {
-            return Err(fmt(format!("record {i}: file index {file} out of range")));
-        }
-        let offset = u64::from_le_bytes(rec[4..12].try_into().unwrap());
-        let (len, lo, expect) = (le32(12), le32(16), le32(20));
-        state.blocks.insert(
-            (file, offset),
-            Block {
+    Ok(Opened { header, reader: r })
+}
+
+impl Opened {
+    /// The records, one at a time (a state may describe more blocks than fit in memory); the
+    /// first bad one ends them and is left in `problem`.
+    fn records<'a>(
+        &'a mut self,
+        path: &'a Path,
+        problem: &'a mut Option<StateError>,
+    ) -> impl Iterator<Item = ((u32, u64), Block)> + 'a {
+        let (total, nfiles) = (self.header.blocks, self.header.files.len());
+        let mut i = 0u64;
+        std::iter::from_fn(move || {
+            if i >= total || problem.is_some() {
+                return None;
+            }
+            let fmt = |problem: String| StateError::Format {
+                path: path.display().to_string(),
+                problem,
+            };
+            let mut rec = [0u8; 25];
+            if let Err(e) = self.reader.read_exact(&mut rec) {
+                *problem = Some(fmt(format!("record {i} of {total}: {e}")));
+                return None;
+            }
+            let le32 = |a: usize| u32::from_le_bytes(rec[a..a + 4].try_into().unwrap());
+            let file = le32(0);
+            if file as usize >= nfiles {
+                *problem = Some(fmt(format!("record {i}: file index {file} out of range")));
+                return None;
+            }
+            i += 1;
+            let offset = u64::from_le_bytes(rec[4..12].try_into().unwrap());
+            let (len, lo, expect) = (le32(12), le32(16), le32(20));
+            let b = Block {
                 len,
                 issued: expect,
                 expect,
                 lo,
                 inflight: false,
                 dropped: rec[24] != 0,
-            },
-        );
+            };
+            Some(((file, offset), b))
+        })
     }
+}
+
+/// Loads a saved state whole (its blocks in a map: for small states and tests; `verify_saved`
+/// streams instead).
+pub fn load(path: &Path) -> Result<Saved, StateError> {
+    let mut opened = open_state(path)?;
+    let mut state = VerifyState::new(opened.header.seed);
+    state.dropped_writes = opened.header.dropped_writes;
+    let mut problem = None;
+    state.overflow = opened.records(path, &mut problem).collect();
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let h = opened.header;
     Ok(Saved {
         job: h.job,
         clone: h.clone,
@@ -550,12 +732,13 @@ pub fn load(path: &Path) -> Result<Saved, StateError> {
 }
 
 /// Verifies from a saved state: opens the files it names (O_DIRECT when possible, so the read
-/// comes from the device rather than the page cache) and checks every block.
+/// comes from the device rather than the page cache) and checks every block as its record is
+/// read, so the memory it takes does not grow with the number of blocks.
 pub fn verify_saved(path: &Path) -> Result<VerifyReport, StateError> {
-    let saved = load(path)?;
+    let mut opened = open_state(path)?;
     let mut files = Vec::new();
     let mut report = VerifyReport::default();
-    for name in &saved.files {
+    for name in &opened.header.files {
         let opened = crate::layout::open_target(&Scope::Named, Path::new(name), true, false)
             .or_else(|_| crate::layout::open_target(&Scope::Named, Path::new(name), false, false));
         match opened {
@@ -570,8 +753,20 @@ pub fn verify_saved(path: &Path) -> Result<VerifyReport, StateError> {
             }
         }
     }
-    let mut r = check(&saved.state, &files, &saved.files);
-    r.state_files.push(if saved.checkpoint {
+    let (seed, dropped) = (opened.header.seed, opened.header.dropped_writes);
+    let (names, checkpoint) = (opened.header.files.clone(), opened.header.checkpoint);
+    let mut problem = None;
+    let mut r = check_blocks(
+        seed,
+        dropped,
+        opened.records(path, &mut problem),
+        &files,
+        &names,
+    );
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    r.state_files.push(if checkpoint {
         format!(
             "{} (a checkpoint taken while the job was writing: every write acknowledged before it was checked, later ones are accepted)",
             path.display()
@@ -681,7 +876,7 @@ mod tests {
         s.complete(0, 0, g1, true, false);
         let g2 = s.issue(0, 0, 4096);
         s.complete(0, 0, g2, true, true); // dropped: acknowledged, not written
-        let b = s.blocks[&(0, 0)];
+        let b = s.block(0, 0).unwrap();
         assert_eq!((b.expect, b.lo, b.dropped), (2, 2, true));
         assert_eq!(s.dropped_writes, 1);
         // On disk: generation 1 -> stale; nothing of ours -> lost.
@@ -694,7 +889,7 @@ mod tests {
         // A failed write: the old or the new generation.
         let g3 = s.issue(0, 0, 4096);
         s.complete(0, 0, g3, false, false);
-        let b = s.blocks[&(0, 0)];
+        let b = s.block(0, 0).unwrap();
         assert_eq!((b.lo, b.expect), (2, 3));
         assert!(judge(Content::Ours { generation: 2 }, &b).is_none());
         assert!(judge(Content::Ours { generation: 3 }, &b).is_none());
@@ -705,7 +900,7 @@ mod tests {
         // Never acknowledged: anything but our corruption.
         let g = s.issue(0, 4096, 4096);
         s.complete(0, 4096, g, false, false);
-        let b = s.blocks[&(0, 4096)];
+        let b = s.block(0, 4096).unwrap();
         assert!(judge(Content::Foreign, &b).is_none());
         assert_eq!(judge(Content::Corrupt, &b).unwrap().0, FindingKind::Corrupt);
     }
@@ -855,6 +1050,236 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("z")).unwrap();
         let e = load(&dir.path().join("z")).err().unwrap().to_string();
         assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    /// The state as it was kept before the dense table (one map entry per block), as the
+    /// reference the table must agree with.
+    #[derive(Default)]
+    struct MapModel {
+        blocks: std::collections::HashMap<(u32, u64), Block>,
+        dropped_writes: u64,
+    }
+
+    impl MapModel {
+        fn busy(&self, file: u32, offset: u64) -> bool {
+            self.blocks.get(&(file, offset)).is_some_and(|b| b.inflight)
+        }
+        fn issue(&mut self, file: u32, offset: u64, len: u32) -> u32 {
+            let b = self.blocks.entry((file, offset)).or_default();
+            b.len = len;
+            b.issued += 1;
+            b.inflight = true;
+            b.issued
+        }
+        fn complete(&mut self, file: u32, offset: u64, generation: u32, ok: bool, dropped: bool) {
+            let Some(b) = self.blocks.get_mut(&(file, offset)) else {
+                return;
+            };
+            b.inflight = false;
+            if ok {
+                b.expect = generation;
+                b.lo = generation;
+                b.dropped = dropped;
+                if dropped {
+                    self.dropped_writes += 1;
+                }
+            } else {
+                b.lo = b.lo.min(b.expect);
+                b.expect = generation;
+                b.dropped = false;
+            }
+        }
+        fn sorted(&self) -> Vec<((u32, u64), Block)> {
+            let mut v: Vec<_> = self.blocks.iter().map(|(k, b)| (*k, *b)).collect();
+            v.sort_by_key(|(k, _)| *k);
+            v
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A write to (file, block slot, unaligned): slots past the region and file 2 (not
+        /// in the layout) and unaligned offsets have no place in the table.
+        Issue(u32, u64, bool),
+        /// Completes the n-th write in flight (if any): acknowledged, dropped.
+        Complete(usize, bool, bool),
+        Check,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u32..3, 0u64..12, proptest::bool::weighted(0.1))
+                .prop_map(|(f, k, u)| Op::Issue(f, k, u)),
+            4 => (0usize..8, proptest::bool::weighted(0.8), proptest::bool::weighted(0.2))
+                .prop_map(|(n, ok, d)| Op::Complete(n, ok, d)),
+            1 => Just(Op::Check),
+        ]
+    }
+
+    fn same(s: &VerifyState, m: &MapModel) {
+        let got: Vec<_> = s.blocks().collect();
+        assert_eq!(got, m.sorted());
+        assert_eq!(s.len(), m.blocks.len() as u64);
+        assert_eq!(s.dropped_writes, m.dropped_writes);
+        let view = s.live_view();
+        assert_eq!(view.blocks().collect::<Vec<_>>(), got);
+        for f in 0..3u32 {
+            for k in 0..12u64 {
+                for off in [k * 4096, k * 4096 + 512] {
+                    assert_eq!(s.busy(f, off), m.busy(f, off), "busy {f}@{off}");
+                    assert_eq!(s.block(f, off), m.blocks.get(&(f, off)).copied());
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// For any sequence of writes issued (one per block in flight, as the runner holds a
+        /// second), completed (acknowledged, dropped or failed) and checked, the dense state,
+        /// in memory or in its file, says exactly what the map said, block by block, in the
+        /// same order, and saves the same records.
+        #[test]
+        fn the_dense_state_behaves_like_the_map(
+            ops in proptest::collection::vec(op(), 1..200),
+            on_disk: bool,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            // File 0: 8 whole blocks and a tail; file 1: 5 blocks from 12 KiB on.
+            let layout = Layout::new(4096, &[(0, 8 * 4096 + 100), (3 * 4096, 5 * 4096)]);
+            let spill = Spill {
+                scope: Scope::Beneath(dir.path().to_path_buf()),
+                path: dir.path().join("j.0.verify-table"),
+            };
+            let limit = if on_disk { 0 } else { IN_MEMORY_LIMIT };
+            let mut s = VerifyState::for_layout(SEED, layout, Some(&spill), limit).unwrap();
+            assert_eq!(s.spilled_to().is_some(), on_disk);
+            let mut m = MapModel::default();
+            let mut inflight: Vec<(u32, u64, u32)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Issue(f, k, unaligned) => {
+                        let off = k * 4096 + if unaligned { 512 } else { 0 };
+                        if m.busy(f, off) {
+                            continue;
+                        }
+                        let g = s.issue(f, off, 4096);
+                        assert_eq!(g, m.issue(f, off, 4096));
+                        inflight.push((f, off, g));
+                    }
+                    Op::Complete(n, ok, dropped) => {
+                        if inflight.is_empty() {
+                            continue;
+                        }
+                        let (f, off, g) = inflight.remove(n % inflight.len());
+                        s.complete(f, off, g, ok, ok && dropped);
+                        m.complete(f, off, g, ok, ok && dropped);
+                    }
+                    Op::Check => same(&s, &m),
+                }
+            }
+            same(&s, &m);
+            let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+            for checkpoint in [false, true] {
+                let sp = dir.path().join("j.0.verify-state");
+                let sc = Scope::Named;
+                if checkpoint {
+                    save_checkpoint(&sc, &sp, "j", 0, &names, &s).unwrap();
+                } else {
+                    save(&sc, &sp, "j", 0, &names, &s).unwrap();
+                }
+                let saved: Vec<_> = load(&sp).unwrap().state.blocks().collect();
+                let want: Vec<_> = m
+                    .sorted()
+                    .into_iter()
+                    .map(|(k, b)| {
+                        let expect = match (checkpoint, b.inflight) {
+                            (true, _) => ANY_LATER,
+                            (false, true) => b.issued,
+                            (false, false) => b.expect,
+                        };
+                        let lo = if b.inflight { b.lo.min(b.expect) } else { b.lo };
+                        let b = Block { issued: expect, expect, lo, inflight: false, ..b };
+                        (k, b)
+                    })
+                    .collect();
+                proptest::prop_assert_eq!(saved, want);
+            }
+        }
+    }
+
+    /// A table larger than the memory limit goes to a file beside the job's files, inside the
+    /// volume, which is unlinked at once (nothing left even if the agent is killed) and whose
+    /// mapping goes with the state; a link planted at its name is replaced, never followed.
+    #[test]
+    fn a_large_table_goes_to_a_file_inside_the_volume_and_leaves_nothing() {
+        let vol = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("precious");
+        std::fs::write(&target, "keep me").unwrap();
+        let path = table_path(&vol.path().join("w.0.0"), "w", 0);
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let spill = Spill {
+            scope: Scope::Beneath(vol.path().to_path_buf()),
+            path: path.clone(),
+        };
+        // 64 GiB in 4 KiB blocks: 128 MiB of table.
+        let layout = Layout::new(4096, &[(0, 64 << 30)]);
+        let maps = || std::fs::read_to_string("/proc/self/maps").unwrap();
+        let mapped = format!("{} (deleted)", path.display());
+        {
+            let mut s =
+                VerifyState::for_layout(SEED, layout.clone(), Some(&spill), 1 << 20).unwrap();
+            assert_eq!(s.spilled_to(), Some(path.as_path()));
+            assert!(
+                maps().contains(&mapped),
+                "the table is mapped from {mapped}"
+            );
+            assert!(path.starts_with(vol.path()));
+            assert_eq!(std::fs::read_dir(vol.path()).unwrap().count(), 0);
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+            let last = (64u64 << 30) - 4096;
+            for off in [0, 4096 * 1000, last] {
+                let g = s.issue(0, off, 4096);
+                s.complete(0, off, g, true, off == last);
+            }
+            let offsets: Vec<u64> = s.blocks().map(|((_, o), _)| o).collect();
+            assert_eq!(offsets, [0, 4096 * 1000, last]);
+            assert_eq!(s.dropped_writes, 1);
+        }
+        assert!(!maps().contains(&mapped), "unmapped with the state");
+        // Under the limit, or with nowhere to put it, it stays in memory.
+        let s = VerifyState::for_layout(SEED, layout.clone(), Some(&spill), 4 << 30).unwrap();
+        assert_eq!(s.spilled_to(), None);
+        let s = VerifyState::for_layout(SEED, layout, None, 1 << 20).unwrap();
+        assert_eq!(s.spilled_to(), None);
+    }
+
+    /// The write after the last generation starts the block over (the wrap rule).
+    #[test]
+    fn generations_wrap_to_one_and_the_block_starts_over() {
+        let mut s =
+            VerifyState::for_layout(SEED, Layout::new(4096, &[(0, 4096)]), None, IN_MEMORY_LIMIT)
+                .unwrap();
+        let w = table::encode(&Block {
+            len: 4096,
+            issued: GEN_MAX,
+            expect: GEN_MAX,
+            lo: GEN_MAX,
+            inflight: false,
+            dropped: false,
+        });
+        s.table.store(0, w);
+        s.written = 1;
+        let g = s.issue(0, 0, 4096);
+        assert_eq!(g, 1);
+        let b = s.block(0, 0).unwrap();
+        assert_eq!((b.issued, b.expect, b.lo, b.inflight), (1, 0, 0, true));
+        s.complete(0, 0, g, true, false);
+        let b = s.block(0, 0).unwrap();
+        assert_eq!((b.expect, b.lo), (1, 1));
+        assert_eq!(s.len(), 1);
     }
 
     #[test]

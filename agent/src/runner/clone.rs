@@ -18,7 +18,9 @@ use crate::layout::{self, PlannedFile};
 use crate::rate::RateScheduler;
 use crate::report::JobReport;
 use crate::stats::JobStats;
+use crate::verify::{self, VerifyState};
 use crate::workload::{Generator, WorkloadParams};
+use lockstep_core::confine::Scope;
 
 pub(super) struct CloneCtx<'a> {
     pub(super) job: &'a JobSpec,
@@ -41,6 +43,8 @@ pub(super) struct CloneIo {
     pub(super) engine: Box<dyn Engine>,
     pub(super) rate: Option<RateScheduler>,
     pub(super) buffers: Buffers,
+    /// The verify state, sized from the layout (empty when the clone does not verify).
+    pub(super) vstate: VerifyState,
 }
 
 pub(super) fn run_clone(mut ctx: CloneCtx<'_>) -> JobReport {
@@ -157,6 +161,11 @@ pub(super) fn set_up(ctx: &CloneCtx<'_>, enter: Option<Enter>) -> Result<CloneIo
         align: job.min_bs(),
     };
     let generator = Generator::new(params, ctx.seed).map_err(|e| e.to_string())?;
+    let vstate = if job.verify.is_some() && !null {
+        verify_state(ctx)?
+    } else {
+        VerifyState::new(ctx.seed)
+    };
     let rate = rate_ios_per_sec(job)
         .map(|r| RateScheduler::new(r, job.rate.process, ctx.seed ^ 0xA5A5))
         .transpose()
@@ -183,6 +192,42 @@ pub(super) fn set_up(ctx: &CloneCtx<'_>, enter: Option<Enter>) -> Result<CloneIo
         engine,
         rate,
         buffers,
+        vstate,
+    })
+}
+
+/// A verifying clone's state, one word per block of its files' regions. A table too large
+/// for memory goes beside the clone's first file, through the volume's scope; a volume that
+/// is one file or device (`Scope::Exact`) has no room of ours, so its table stays in memory.
+fn verify_state(ctx: &CloneCtx<'_>) -> Result<VerifyState, String> {
+    let job = ctx.job;
+    let regions: Vec<(u64, u64)> = ctx
+        .files
+        .iter()
+        .map(|f| (f.region.offset, f.region.len))
+        .collect();
+    let layout = verify::Layout::new(job.min_bs() as u32, &regions);
+    let spill = ctx
+        .files
+        .first()
+        .filter(|f| !matches!(f.scope, Scope::Exact(_)))
+        .map(|f| verify::Spill {
+            scope: f.scope.clone(),
+            path: verify::table_path(&f.path, &job.name, ctx.clone),
+        });
+    let bytes = layout.table_bytes();
+    VerifyState::for_layout(
+        ctx.seed,
+        layout,
+        spill.as_ref(),
+        ctx.opts.verify_memory_limit,
+    )
+    .map_err(|e| {
+        let at = spill.map_or(String::new(), |s| format!(" at {}", s.path.display()));
+        format!(
+            "verify: the state table of job '{}' ({bytes} bytes, 8 per block) could not be made{at}: {e}",
+            job.name
+        )
     })
 }
 

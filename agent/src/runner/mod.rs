@@ -96,6 +96,9 @@ pub struct RunOptions {
     /// Begin IO at this instant of the system clock (the coordinator's synchronized start,
     /// already converted to this host's clock); every clone is set up and waiting before it.
     pub start_at: Option<SystemTime>,
+    /// A verifying clone's state table larger than this goes to a file on the volume
+    /// (`verify::IN_MEMORY_LIMIT`; tests make it small).
+    pub verify_memory_limit: u64,
 }
 
 impl Default for RunOptions {
@@ -110,6 +113,7 @@ impl Default for RunOptions {
             faults: None,
             layout_progress: Box::new(layout::NoProgress),
             start_at: None,
+            verify_memory_limit: verify::IN_MEMORY_LIMIT,
         }
     }
 }

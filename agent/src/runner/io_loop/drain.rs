@@ -123,7 +123,7 @@ impl IoLoop<'_> {
             drop(h); // detached: it may be writing to the same device
         }
         self.report.abandoned = self.plan.iter().map(|f| f.path.clone()).collect();
-        if self.verifying && !self.vstate.blocks.is_empty() {
+        if self.verifying && !self.vstate.is_empty() {
             self.report.verify = Some(VerifyReport {
                 errors: vec![format!(
                     "not verified: {} IO(s) never completed (the device stopped answering)",
@@ -145,7 +145,7 @@ impl IoLoop<'_> {
             let _ = h.join();
         }
         let (job, plan, vstate, report) = (self.job, self.plan, &self.vstate, self.report);
-        if self.verifying && !vstate.blocks.is_empty() {
+        if self.verifying && !vstate.is_empty() {
             let names: Vec<String> = plan.iter().map(|f| absolute(&f.path)).collect();
             let mut r = if self.opts.stop.load(Ordering::Relaxed) {
                 VerifyReport {

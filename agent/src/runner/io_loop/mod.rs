@@ -203,8 +203,8 @@ impl<'a> IoLoop<'a> {
             engine,
             mut rate,
             buffers,
+            vstate,
         } = io;
-        let vstate = VerifyState::new(ctx.seed);
         let next_checkpoint = Instant::now() + VERIFY_CHECKPOINT_EVERY;
         let stuck_ns = job.stuck_timeout.as_nanos() as u64;
         let drain_limit = if stuck_ns > 0 {

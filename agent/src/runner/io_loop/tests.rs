@@ -260,3 +260,44 @@ fn a_sized_job_runs_to_its_end() {
     assert_eq!((st.dirs[0].ios, st.dirs[0].bytes), (256, 1 << 20));
     assert_eq!(st.intervals.iter().map(|i| i.ios[0]).sum::<u64>(), 256);
 }
+
+/// A verifying job whose state table is over the memory limit (made 0 here) runs with the
+/// table in a file mapped from its directory, verifies clean, and leaves no table file behind
+/// (the saved state goes with the data files, as before).
+#[test]
+fn a_verifying_job_with_its_table_on_the_volume_verifies_clean_and_leaves_nothing() {
+    use std::sync::Mutex;
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("{}/v.0.verify-table (deleted)", dir.path().display());
+    struct Maps(String, Mutex<Vec<bool>>);
+    impl super::super::IntervalSink for Maps {
+        fn on_interval(&self, _: super::super::IntervalSnapshot<'_>) {
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            self.1.lock().unwrap().push(maps.contains(&self.0));
+        }
+    }
+    let sink = std::sync::Arc::new(Maps(table, Mutex::new(Vec::new())));
+    let text = format!(
+        "[v]\nioengine=psync\nrw=randwrite\nbs=4k\nsize=2m\nverify=crc32c\nruntime=400ms\n\
+         time_based\ndirectory={}\n",
+        dir.path().display()
+    );
+    let jobs = crate::jobfile::parse_str(&text, std::path::Path::new("t.fio"), None, &[]).unwrap();
+    let opts = RunOptions {
+        interval: Duration::from_millis(100),
+        sink: Some(sink.clone()),
+        verify_memory_limit: 0,
+        ..RunOptions::default()
+    };
+    let report = run_jobs(&jobs, &opts).unwrap();
+    let v = report.jobs[0].verify.as_ref().expect("verified");
+    assert_eq!(v.blocks, 512, "every block of 2 MiB written: {v:?}");
+    assert_eq!((v.good, v.bad()), (512, 0), "{v:?}");
+    let seen = sink.1.lock().unwrap().clone();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|&m| m),
+        "mapped while running: {seen:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

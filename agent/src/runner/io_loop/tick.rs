@@ -79,7 +79,7 @@ impl IoLoop<'_> {
         }
         if self.verifying
             && now >= self.next_checkpoint
-            && !self.vstate.blocks.is_empty()
+            && !self.vstate.is_empty()
             && self.checkpointing.as_ref().is_none_or(|h| h.is_finished())
         {
             self.next_checkpoint = now + VERIFY_CHECKPOINT_EVERY;
@@ -95,7 +95,7 @@ impl IoLoop<'_> {
         let job = self.job;
         let path = verify::state_path(&first.path, &job.name, self.clone);
         let names: Vec<String> = self.plan.iter().map(|f| absolute(&f.path)).collect();
-        let (snapshot, name, clone) = (self.vstate.clone(), job.name.clone(), self.clone);
+        let (snapshot, name, clone) = (self.vstate.live_view(), job.name.clone(), self.clone);
         let scope = first.scope.clone();
         self.checkpointing = Some(std::thread::spawn(move || {
             if let Err(e) = verify::save_checkpoint(&scope, &path, &name, clone, &names, &snapshot)
