@@ -12,6 +12,7 @@
 
 pub mod agent_faults;
 pub mod aggregate;
+mod batch;
 pub mod metrics;
 pub mod notify;
 mod run;
@@ -73,6 +74,8 @@ pub struct EventHub {
 
 struct HubInner {
     tx: Option<mpsc::Sender<Result<RunEvent, Status>>>,
+    /// Holds each volume's interval until every volume closed it (one report per interval).
+    batcher: batch::IntervalBatcher,
     /// The last `HISTORY_LIMIT` events, oldest first.
     history: std::collections::VecDeque<RunEvent>,
     next_seq: u64,
@@ -82,14 +85,21 @@ struct HubInner {
 }
 
 /// Events kept for a re-attach: over an hour of 1 s intervals (one event per interval carries
-/// every volume of the agent).
+/// every volume of the agent: daemon/batch.rs).
 const HISTORY_LIMIT: usize = 4_000;
 
 impl EventHub {
+    #[cfg(test)]
     fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::for_volumes(metrics, 0)
+    }
+
+    /// A hub for a run of `volumes` volumes: their intervals go out together.
+    fn for_volumes(metrics: Arc<Metrics>, volumes: usize) -> Arc<Self> {
         Arc::new(EventHub {
             inner: Mutex::new(HubInner {
                 tx: None,
+                batcher: batch::IntervalBatcher::new(volumes),
                 history: std::collections::VecDeque::new(),
                 next_seq: 1,
                 detached_since: Some(Instant::now()),
@@ -117,8 +127,14 @@ impl EventHub {
         ReceiverStream::new(rx)
     }
 
-    fn publish(&self, mut ev: RunEvent) {
+    fn publish(&self, ev: RunEvent) {
         let mut inner = self.inner.lock().unwrap();
+        for ev in inner.batcher.push(ev) {
+            Self::send_one(&mut inner, ev);
+        }
+    }
+
+    fn send_one(inner: &mut HubInner, mut ev: RunEvent) {
         ev.seq = inner.next_seq;
         inner.next_seq += 1;
         if inner.history.len() == HISTORY_LIMIT {
@@ -277,8 +293,8 @@ impl Shared {
         let volumes = volumes.inspect_err(|_| self.metrics.set_state(0))?;
         *phase = Phase::Prepared {
             run_id: req.run_id,
+            hub: EventHub::for_volumes(self.metrics.clone(), volumes.len()),
             volumes,
-            hub: EventHub::new(self.metrics.clone()),
             keep_files: req.keep_files,
             // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
             interval: if req.interval_ms == 0 {
