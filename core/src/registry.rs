@@ -154,12 +154,14 @@ pub fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
 
 /// Every key under `prefix` in pages of `page` keys, all read at the revision of the first
 /// page so the result is one consistent snapshot (a watch from `revision + 1` then misses
-/// nothing). Returns the key-values in key order and that revision. A revision compacted
-/// between two pages (only with auto-compaction and a very slow reader) restarts the read.
+/// nothing). Returns the key-values in key order and that revision. A page larger than the
+/// client accepts (registrations with unusually large labels) is asked again at half the
+/// keys; a revision compacted between two pages (only with auto-compaction and a very slow
+/// reader) restarts the read.
 pub async fn get_prefix_paged(
     client: &mut Client,
     prefix: &str,
-    page: i64,
+    mut page: i64,
 ) -> Result<(Vec<KeyValue>, i64), etcd_client::Error> {
     let end = prefix_range_end(prefix.as_bytes());
     let mut attempt = 0;
@@ -176,6 +178,10 @@ pub async fn get_prefix_paged(
                 opts = opts.with_revision(revision);
             }
             let mut resp = match client.get(start.clone(), Some(opts)).await {
+                Err(e) if page > 1 && etcd_message(&e).contains("message length too large") => {
+                    page /= 2;
+                    continue;
+                }
                 Err(e) if attempt < 3 && etcd_message(&e).contains("compacted") => continue 'read,
                 r => r?,
             };
