@@ -182,3 +182,35 @@ fn the_membership_follows_joins_leaves_and_expiries_after_a_paged_snapshot() {
         assert_eq!(m.agents().len(), 4);
     });
 }
+
+#[test]
+fn the_recorded_runs_of_10000_agent_runs_are_listed_past_one_grpc_response() {
+    let etcd = Etcd::start();
+    rt().block_on(async {
+        let mut client = Client::connect([&etcd.url], Some(connect_options()))
+            .await
+            .unwrap();
+        // Ten finished runs of 10,000 agents: about 0.5 MB of agents each, 5 MB in all.
+        let agents: Vec<serde_json::Value> = (0..10_000)
+            .map(|i| serde_json::json!({"name": format!("agent-{i:05}"), "address": format!("10.0.{}.{}:7070", i / 256, i % 256)}))
+            .collect();
+        for r in 0..10 {
+            let id = format!("{r}-big");
+            let state = serde_json::json!({"run_id": id, "plan_file": "big.toml", "plan_text": "",
+                "status": "completed", "submitted_unix_ms": r, "agents": agents});
+            client
+                .put(format!("/lockstep/runs/{id}"), serde_json::to_vec(&state).unwrap(), None)
+                .await
+                .unwrap();
+        }
+    });
+    let o = std::process::Command::new(lockstep_tests::bin("lockstep"))
+        .args(["runs", "--json", "--etcd", &etcd.url])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 10);
+    assert_eq!(runs[9]["agents"].as_array().unwrap().len(), 10_000);
+}
