@@ -225,6 +225,7 @@ async fn register_once(
             .map_err(err)?,
     };
     let ttl = opts.ttl.as_secs().max(1) as i64;
+    let asked = tokio::time::Instant::now();
     let lease = client.lease_grant(ttl, None).await.map_err(err)?.id();
     let value = serde_json::to_vec(reg).expect("a registration serializes");
     client
@@ -244,6 +245,14 @@ async fn register_once(
     // buys nothing. An agent that was paused renews once when it resumes, not in a burst.
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The lease is lost when etcd says so (TTL 0) or when no renewal has been answered within
+    // its TTL, not when one answer is slow: an etcd busy with 10,000 agents answers late, and
+    // agents that registered again on every late answer made it busier still (docs/scale.md).
+    // The deadline counts from when the answered renewal was sent, the earliest moment etcd
+    // can have renewed it, so the agent never believes in a lease etcd has already dropped.
+    let lease_ttl = Duration::from_secs(ttl as u64);
+    let mut deadline = asked + lease_ttl;
+    let mut sent = std::collections::VecDeque::new();
     loop {
         tokio::select! {
             _ = &mut *shutdown => {
@@ -252,17 +261,32 @@ async fn register_once(
                 return Ok(());
             }
             _ = tick.tick() => {
+                sent.push_back(tokio::time::Instant::now());
                 keeper.keep_alive().await.map_err(err)?;
-                match tokio::time::timeout(every.max(Duration::from_secs(2)), responses.message()).await {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                    Ok(Ok(Some(_))) => return Err(RegistryError::LeaseLost { endpoints }),
-                    Ok(Ok(None)) => return Err(RegistryError::LeaseLost { endpoints }),
-                    Ok(Err(e)) => return Err(err(e)),
-                    Err(_) => return Err(RegistryError::LeaseLost { endpoints }),
+            }
+            r = responses.message() => match r {
+                Ok(Some(r)) if r.ttl() > 0 => {
+                    let at = sent.pop_front().unwrap_or_else(tokio::time::Instant::now);
+                    deadline = deadline.max(at + Duration::from_secs(r.ttl() as u64));
                 }
+                Ok(_) => return Err(RegistryError::LeaseLost { endpoints }),
+                Err(e) => return Err(err(e)),
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(RegistryError::LeaseLost { endpoints });
             }
         }
     }
+}
+
+/// Between half and all of `d`, differently for every call. Agents that lost etcd together
+/// (an etcd restart, or 10,000 agents whose first requests timed out in the same queue) would
+/// otherwise retry together, each time as one burst.
+fn jittered(d: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    // A fresh RandomState has new keys each time: enough randomness for a retry delay.
+    let r = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    d.mul_f64(0.5 + (r % 1000) as f64 / 2000.0)
 }
 
 /// Keeps `reg` registered until `shutdown` resolves, re-registering after any failure (etcd
@@ -295,14 +319,14 @@ pub async fn keep_registered_on(
                     backoff = Duration::from_millis(200);
                 }
                 tracing::warn!(
-                    "etcd registration: {e}; retrying in {:.1}s",
+                    "etcd registration: {e}; retrying in up to {:.1}s",
                     backoff.as_secs_f64()
                 );
             }
         }
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(jittered(backoff)) => {}
         }
         backoff = (backoff * 2).min(opts.ttl.max(Duration::from_secs(1)));
     }
@@ -349,6 +373,15 @@ mod tests {
                 "https://e2:2379".to_string()
             ]
         );
+    }
+
+    #[test]
+    fn retry_delays_are_spread_over_the_upper_half_of_the_backoff() {
+        let d = Duration::from_secs(1);
+        let all: Vec<Duration> = (0..200).map(|_| jittered(d)).collect();
+        assert!(all.iter().all(|j| *j >= d / 2 && *j < d), "{all:?}");
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert!(distinct.len() > 100, "{} distinct delays", distinct.len());
     }
 
     #[test]
