@@ -291,20 +291,30 @@ async fn old_listing(args: &Args, etcd: &mut Client, table: &mut Table) -> anyho
 async fn listing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     let eps = vec![args.etcd.clone()];
     let (mut with_ttl, mut without) = (Vec::new(), Vec::new());
+    let (mut listed, mut ttls, mut infos) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
         let l = registry::list(&eps, &args.prefix).await?;
         with_ttl.push(t.elapsed());
-        anyhow::ensure!(l.len() == args.agents && l.iter().all(|a| a.lease_ttl_left_s.is_some()));
+        listed.push(l.len());
+        ttls.push(l.iter().filter(|a| a.lease_ttl_left_s.is_some()).count());
         let t = Instant::now();
-        let l = registry::agent_infos(&eps, &args.prefix).await?;
+        infos.push(registry::agent_infos(&eps, &args.prefix).await?.len());
         without.push(t.elapsed());
-        anyhow::ensure!(l.len() == args.agents);
     }
-    table.row("list (lockstep agents: paged + TTLs)", median_max(with_ttl));
-    table.row("agent_infos (lockstep run: paged)", median_max(without));
+    table.row(
+        "list (lockstep agents: paged + TTLs)",
+        format!(
+            "{}; agents listed {listed:?}, with a TTL {ttls:?}",
+            median_max(with_ttl)
+        ),
+    );
+    table.row(
+        "agent_infos (lockstep run: paged)",
+        format!("{}; agents {infos:?}", median_max(without)),
+    );
     if let Some(bin) = &args.lockstep_bin {
-        let mut runs = Vec::new();
+        let (mut runs, mut lines) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             let t = Instant::now();
             let out = std::process::Command::new(bin)
@@ -327,12 +337,12 @@ async fn listing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
                 .lines()
                 .last()
                 .map(String::from);
-            anyhow::ensure!(
-                last == Some(format!("{} live agents", args.agents)),
-                "{last:?}"
-            );
+            lines.push(last.unwrap_or_default());
         }
-        table.row("`lockstep agents` (the binary, table)", median_max(runs));
+        table.row(
+            "`lockstep agents` (the binary, table)",
+            format!("{}; {lines:?}", median_max(runs)),
+        );
     }
     Ok(())
 }
