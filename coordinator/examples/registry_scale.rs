@@ -353,7 +353,14 @@ async fn follow(args: &Args) -> anyhow::Result<mpsc::UnboundedReceiver<(Change, 
     let mut m = Membership::start(&[args.etcd.clone()], &args.prefix).await?;
     anyhow::ensure!(m.agents().len() == args.agents, "{}", m.agents().len());
     tokio::spawn(async move {
-        while let Ok(changes) = m.changes().await {
+        loop {
+            let changes = match m.changes().await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("the watch ended: {e}");
+                    return;
+                }
+            };
             let at = Instant::now();
             for c in changes {
                 if tx.send((c, at)).is_err() {
