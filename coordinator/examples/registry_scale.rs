@@ -350,7 +350,7 @@ async fn listing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 /// Follows the membership in a task; every change comes out with the instant it arrived.
 async fn follow(args: &Args) -> anyhow::Result<mpsc::UnboundedReceiver<(Change, Instant)>> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let mut m = Membership::start(&[args.etcd.clone()], &args.prefix).await?;
+    let mut m = Membership::start(std::slice::from_ref(&args.etcd), &args.prefix).await?;
     anyhow::ensure!(m.agents().len() == args.agents, "{}", m.agents().len());
     tokio::spawn(async move {
         loop {

@@ -65,7 +65,7 @@ async fn names(etcd: &Etcd, page: i64) -> Vec<String> {
         page,
         lease_ttls: true,
     };
-    let l = list_with(&[etcd.url.clone()], "/lockstep", opts)
+    let l = list_with(std::slice::from_ref(&etcd.url), "/lockstep", opts)
         .await
         .expect("listing");
     assert!(
@@ -127,7 +127,7 @@ fn a_registry_larger_than_one_page_or_one_grpc_response_is_listed_whole() {
                 .collect();
             client.txn(Txn::new().and_then(ops)).await.unwrap();
         }
-        let all = list(&[etcd.url.clone()], "/lockstep")
+        let all = list(std::slice::from_ref(&etcd.url), "/lockstep")
             .await
             .expect("listing");
         assert_eq!(all.len(), 372);
