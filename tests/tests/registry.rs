@@ -214,3 +214,44 @@ fn the_recorded_runs_of_10000_agent_runs_are_listed_past_one_grpc_response() {
     assert_eq!(runs.len(), 10);
     assert_eq!(runs[9]["agents"].as_array().unwrap().len(), 10_000);
 }
+
+#[test]
+fn lockstep_agents_watch_prints_who_joins_and_who_leaves() {
+    use std::io::{BufRead, BufReader};
+    let etcd = Etcd::start();
+    let rt = rt();
+    let client = rt.block_on(async {
+        Client::connect([&etcd.url], Some(connect_options()))
+            .await
+            .unwrap()
+    });
+    let _guard = rt.enter();
+    let Registered(a0, stop_a0) = register(&client, &etcd, "a0", 5);
+    rt.block_on(until_listed(&etcd, 1));
+    let mut child = std::process::Command::new(lockstep_tests::bin("lockstep"))
+        .args(["agents", "--watch", "--etcd", &etcd.url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let _proc = lockstep_tests::Proc(child);
+    // Lines through a channel, so a silent watch fails the test after 15 s instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let next_line = || {
+        rx.recv_timeout(Duration::from_secs(15))
+            .expect("a line from lockstep agents --watch within 15 s")
+    };
+    while next_line() != "1 live agent" {}
+    let _a1 = register(&client, &etcd, "a1", 5);
+    assert_eq!(next_line(), "+ a1 127.0.0.1:7070");
+    stop_a0.send(()).unwrap();
+    rt.block_on(a0).unwrap();
+    assert_eq!(next_line(), "- a0");
+}
