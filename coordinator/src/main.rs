@@ -94,6 +94,10 @@ enum Command {
         etcd_prefix: String,
         #[arg(long)]
         json: bool,
+        /// After the list, print each agent that joins (+), changes (~) or leaves (-), from an
+        /// etcd watch, until interrupted.
+        #[arg(long)]
+        watch: bool,
     },
     /// What changed between runs: per role, node and volume, IOPS, MB/s and p50/p99/p99.9 of
     /// each, the change, and whether it is beyond the runs' interval-to-interval noise. The
@@ -258,7 +262,8 @@ fn main() -> ExitCode {
             etcd,
             etcd_prefix,
             json,
-        } => lockstep::orchestrate::registry::agents_command(&etcd, &etcd_prefix, json),
+            watch,
+        } => lockstep::orchestrate::registry::agents_command(&etcd, &etcd_prefix, json, watch),
         Command::Certs {
             out,
             agents,

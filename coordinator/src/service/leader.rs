@@ -25,10 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaderKey, PutOptions, Txn, TxnOp,
-};
-use lockstep_core::registry::{connect_options, etcd_message};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, LeaderKey, PutOptions, Txn, TxnOp};
+use lockstep_core::registry::{LIST_PAGE, connect_options, etcd_message, get_prefix_paged};
 use lockstep_proto::PROTOCOL_VERSION;
 use lockstep_proto::v1::AbortRequest;
 use serde::{Deserialize, Serialize};
@@ -185,14 +183,13 @@ impl Etcd {
         }
     }
 
+    /// Every recorded run, read in pages: a run of 10,000 agents records about 0.5 MB of
+    /// agents, so a handful of them no longer fit the client's 4 MiB for one response.
     async fn runs(&mut self, prefix: &str) -> Result<Vec<RunState>, LeaderError> {
-        let resp = self
-            .client
-            .get(runs_prefix(prefix), Some(GetOptions::new().with_prefix()))
+        let (kvs, _) = get_prefix_paged(&mut self.client, &runs_prefix(prefix), LIST_PAGE)
             .await
             .map_err(|e| self.err(e))?;
-        let mut out: Vec<RunState> = resp
-            .kvs()
+        let mut out: Vec<RunState> = kvs
             .iter()
             .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect();
