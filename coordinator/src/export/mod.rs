@@ -30,6 +30,19 @@ pub trait Exporter {
     fn file_name(&self) -> &'static str;
     /// The file's bytes.
     fn render(&self, results: &RunResults) -> std::io::Result<Vec<u8>>;
+    /// Whether this run gets the file at all.
+    fn wanted(&self, _results: &RunResults) -> bool {
+        true
+    }
+}
+
+/// Past this many points the per-volume timeline is not written as JSON or CSV (hundreds of
+/// megabytes a file, a minute to parse): `data/points.bin` has every point, and readers fold
+/// it back (`read_timeline`).
+pub const TIMELINE_FILE_POINTS: usize = 1_000_000;
+
+fn timeline_points(r: &RunResults) -> usize {
+    r.timeline.volumes.iter().map(|v| v.points.len()).sum()
 }
 
 /// `report.txt`: the readable report (the same text the run prints).
@@ -70,6 +83,9 @@ impl Exporter for TimelineJson {
     fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
         serde_json::to_vec(&r.timeline).map_err(std::io::Error::other)
     }
+    fn wanted(&self, r: &RunResults) -> bool {
+        timeline_points(r) <= TIMELINE_FILE_POINTS
+    }
 }
 
 impl Exporter for TimelineCsv {
@@ -78,6 +94,9 @@ impl Exporter for TimelineCsv {
     }
     fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
         Ok(csv::timeline(r).into_bytes())
+    }
+    fn wanted(&self, r: &RunResults) -> bool {
+        timeline_points(r) <= TIMELINE_FILE_POINTS
     }
 }
 
@@ -120,7 +139,7 @@ pub fn write_run_dir(
 ) -> std::io::Result<()> {
     let mut files = Vec::with_capacity(exporters.len());
     let mut failed = Vec::new();
-    for e in exporters {
+    for e in exporters.iter().filter(|e| e.wanted(results)) {
         match e.render(results) {
             Ok(bytes) => files.push((e.file_name(), bytes)),
             Err(err) => failed.push(format!("{}: {err}", dir.join(e.file_name()).display())),
@@ -166,8 +185,10 @@ pub fn check_writable(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
-/// Reads a run directory's timeline.json back into `results.timeline` (the per-volume series
-/// report.html's heatmap and chokepoint panel draw); a directory without one keeps it empty.
+/// Reads a run directory's timeline back into `results.timeline` (the per-volume series
+/// report.html's heatmap and chokepoint panel draw): timeline.json, or, for a run too large
+/// for one, its `data/points.bin` folded to [`TIMELINE_FILE_POINTS`]; a directory with
+/// neither keeps it empty.
 pub fn read_timeline(dir: &Path, results: &mut RunResults) -> Result<(), String> {
     let path = dir.join("timeline.json");
     match std::fs::read(&path) {
@@ -176,9 +197,59 @@ pub fn read_timeline(dir: &Path, results: &mut RunResults) -> Result<(), String>
                 .map_err(|e| format!("{}: not a lockstep timeline: {e}", path.display()))?;
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => timeline_from_points(dir, results),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+fn timeline_from_points(dir: &Path, results: &mut RunResults) -> Result<(), String> {
+    use crate::results::keeper::{Keep, fold_for};
+    use crate::results::timeline::{Timeline, VolumeSeries};
+    if !crate::results::store::StoreReader::exists(dir) {
+        return Ok(());
+    }
+    let reader = crate::results::store::StoreReader::open(dir).map_err(|e| e.to_string())?;
+    let interval_ms = reader.manifest.interval_ms.max(1);
+    let intervals = results.duration_ms.div_ceil(interval_ms) + 1;
+    let volumes = reader.manifest.volumes.len();
+    let keep = Keep {
+        interval_ms,
+        fold: fold_for(intervals, volumes)
+            .max((intervals * volumes as u64).div_ceil(TIMELINE_FILE_POINTS as u64)),
+        recent: 0,
+        in_memory: true,
+    };
+    eprintln!(
+        "lockstep: reading the timeline from {} ({volumes} volumes, one point per {} intervals)",
+        reader.dir.display(),
+        keep.fold
+    );
+    let meta = Timeline {
+        interval_ms,
+        volumes: reader
+            .manifest
+            .volumes
+            .iter()
+            .map(|v| {
+                let r = results
+                    .volumes
+                    .iter()
+                    .find(|r| r.node == v.node && r.volume == v.volume);
+                VolumeSeries {
+                    node: v.node.clone(),
+                    volume: v.volume.clone(),
+                    role: v.role.clone(),
+                    model: r.and_then(|r| r.model.clone()),
+                    configured_depth: r.map_or(0, |r| r.configured_depth),
+                    lost_at_ms: r.and_then(|r| r.lost_at_ms),
+                    ..Default::default()
+                }
+            })
+            .collect(),
+        faults: results.faults.clone(),
+    };
+    results.timeline = reader.timeline(&keep, meta).map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Reads a finished run's results.json.
