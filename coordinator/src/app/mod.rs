@@ -168,6 +168,40 @@ async fn discover(
     Ok(out)
 }
 
+/// `--agents-file`: one `NAME=HOST:PORT` a line; blank lines and `#` comments are skipped.
+/// Errors name the file and line (a name given twice too: the second would shadow the first).
+pub fn agents_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--agents-file {}", path.display()))?;
+    parse_agents_file(&text)
+        .map_err(|(line, why)| anyhow::anyhow!("{}:{line}: {why}", path.display()))
+}
+
+fn parse_agents_file(text: &str) -> Result<Vec<(String, String)>, (usize, String)> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (name, address) = match line.split_once('=') {
+            Some((n, a)) if !n.trim().is_empty() && !a.trim().is_empty() => {
+                (n.trim().to_string(), a.trim().to_string())
+            }
+            _ => return Err((n + 1, format!("expected NAME=HOST:PORT, got '{line}'"))),
+        };
+        if let Some(first) = seen.insert(name.clone(), n + 1) {
+            return Err((
+                n + 1,
+                format!("agent '{name}' is already listed on line {first}"),
+            ));
+        }
+        out.push((name, address));
+    }
+    Ok(out)
+}
+
 /// Checks every fault as the agents will receive it (its window as resolved) before anything
 /// starts, so a problem is refused with the plan line rather than by an agent mid-run.
 fn check_faults(plan: &Plan, a: &Assignment) -> anyhow::Result<()> {
@@ -597,5 +631,26 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn an_agents_file_skips_comments_and_names_the_bad_line() {
+        let ok =
+            parse_agents_file("# sim\nagent-0=127.0.0.1:7000\n\n agent-1 = h:1 # two\n").unwrap();
+        assert_eq!(
+            ok,
+            [
+                ("agent-0".to_string(), "127.0.0.1:7000".to_string()),
+                ("agent-1".to_string(), "h:1".to_string())
+            ]
+        );
+        let (line, why) = parse_agents_file("a=h:1\nb h:2\n").unwrap_err();
+        assert_eq!(line, 2);
+        assert!(why.contains("expected NAME=HOST:PORT"), "{why}");
+        let (line, why) = parse_agents_file("a=h:1\nb=h:2\na=h:3\n").unwrap_err();
+        assert_eq!(
+            (line, why.as_str()),
+            (3, "agent 'a' is already listed on line 1")
+        );
     }
 }
