@@ -16,6 +16,7 @@ use lockstep_proto::v1::{
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
+use super::lag::LagMeter;
 use super::streams::{AgentTrack, Ev, Streams, reattach_window};
 use crate::orchestrate::client::{self, Connected};
 use crate::results::merge::{Merger, PlannedVolume};
@@ -111,6 +112,7 @@ pub async fn execute(
     hlog: &mut Option<crate::results::hlog::RunLog>,
 ) -> Result<RunResults, RunError> {
     let run_start_ns = client::unix_ns();
+    let began = Instant::now();
     let (conns, tracks) = connect_all(&spec, observer).await?;
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
     let infos: Vec<PlannedVolume> = spec
@@ -151,12 +153,7 @@ pub async fn execute(
     };
     let prepared = prepare_or_stop(&conns, &spec, total, &mut stop, &mut streams, observer).await?;
     // One start instant for everyone, far enough ahead for the Start calls to arrive.
-    let lead = Duration::from_millis(
-        std::env::var("LOCKSTEP_LEAD_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    ) + Duration::from_nanos(worst_rtt.max(0) as u64 * 4);
+    let lead = start_lead(prepared.len(), worst_rtt);
     streams.start_ns = client::unix_ns() + lead.as_nanos() as i64;
     streams.phase_t0 = Instant::now() + lead;
     let (tx, rx) = mpsc::channel::<Ev>(4096);
@@ -164,53 +161,100 @@ pub async fn execute(
     streams.pending = prepared.len();
     streams.prepared = prepared;
     observer.phase_started("run", total, true);
-    follow(&conns, &spec, &mut streams, rx, &mut stop, observer).await?;
+    follow(&conns, &spec, &mut streams, rx, &mut stop, observer, began).await?;
     observer.phase_finished("run");
     into_output(&spec, &conns, streams, run_start_ns)
 }
 
-/// Connects to every agent at once, refuses a busy one, and measures each clock.
+/// Calls to agents in flight at once. Every call is a task of its own; without a bound,
+/// 10,000 agents are 10,000 simultaneous connection set-ups (SYN backlogs overflow, connects
+/// time out) and a pile of half-served calls that all finish late. 256 keeps a LAN's pipe
+/// full: a call takes about a round trip, so this is 256 calls per round trip.
+pub const FAN_OUT: usize = 256;
+
+/// Clock probes in flight at once: a probe's round trip bounds its offset's error, and every
+/// probe in flight on this machine's few cores adds to the others' round trips.
+const CLOCK_FAN_OUT: usize = 32;
+
+/// Connects to every agent (at most `FAN_OUT` at once), refuses a busy one, and measures each
+/// clock.
 async fn connect_all(
     spec: &RunSpec,
     observer: &mut dyn RunObserver,
 ) -> Result<(Vec<Connected>, Vec<AgentTrack>), RunError> {
     observer.message(&format!("connecting to {} agents", spec.agents.len()));
-    let conns = futures_join(spec.agents.iter().map(|a| {
-        let token = spec.token.clone();
-        let (name, address) = (a.name.clone(), a.address.clone());
-        async move { client::connect(&name, &address, token.as_deref()).await }
-    }))
+    let conns = fan_out(
+        FAN_OUT,
+        spec.agents.iter().map(|a| {
+            let token = spec.token.clone();
+            let (name, address) = (a.name.clone(), a.address.clone());
+            async move { client::connect(&name, &address, token.as_deref()).await }
+        }),
+    )
     .await;
-    let mut out = Vec::new();
-    let mut tracks = Vec::new();
+    let mut out = Vec::with_capacity(conns.len());
     for c in conns {
-        let mut conn = c?;
+        let conn = c?;
         if !conn.hello.busy_with_run.is_empty() {
             return Err(RunError::Prepare {
                 agent: conn.name.clone(),
                 message: format!("busy with run {}", conn.hello.busy_with_run),
             });
         }
-        let clock = conn.probe_clock(16).await?;
+        out.push(conn);
+    }
+    let probed = fan_out(
+        CLOCK_FAN_OUT,
+        out.into_iter().map(|mut conn| async move {
+            let clock = conn.probe_clock(16).await;
+            (conn, clock)
+        }),
+    )
+    .await;
+    let mut out = Vec::with_capacity(probed.len());
+    let mut tracks = Vec::with_capacity(probed.len());
+    for (conn, clock) in probed {
         tracks.push(AgentTrack::new(
             conn.name.clone(),
-            clock,
+            clock?,
             conn.hello.grace_ms,
         ));
         out.push(conn);
     }
+    observer.message(&clocks_message(&tracks));
+    Ok((out, tracks))
+}
+
+/// The clocks line of the live view: every offset for a few agents, the range for many (a line
+/// of 10,000 offsets helps nobody; `results.json` has them all).
+fn clocks_message(tracks: &[AgentTrack]) -> String {
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
-    observer.message(&format!(
-        "clocks: {} agents, offsets {}, worst round trip {:.3} ms",
-        tracks.len(),
+    let ms = |ns: i64| ns as f64 / 1e6;
+    let offsets = if tracks.len() <= 20 {
         tracks
             .iter()
-            .map(|t| format!("{}={:+.3}ms", t.name, t.clock.offset_ns as f64 / 1e6))
+            .map(|t| format!("{}={:+.3}ms", t.name, ms(t.clock.offset_ns)))
             .collect::<Vec<_>>()
-            .join(" "),
-        worst_rtt as f64 / 1e6
-    ));
-    Ok((out, tracks))
+            .join(" ")
+    } else {
+        let lo = tracks.iter().min_by_key(|t| t.clock.offset_ns);
+        let hi = tracks.iter().max_by_key(|t| t.clock.offset_ns);
+        match (lo, hi) {
+            (Some(lo), Some(hi)) => format!(
+                "from {:+.3}ms ({}) to {:+.3}ms ({})",
+                ms(lo.clock.offset_ns),
+                lo.name,
+                ms(hi.clock.offset_ns),
+                hi.name
+            ),
+            _ => String::new(),
+        }
+    };
+    format!(
+        "clocks: {} agents, offsets {offsets}, worst round trip {:.3} ms",
+        tracks.len(),
+        ms(worst_rtt)
+    )
 }
 
 /// Prepares everywhere (lays out files); any refusal aborts the others. A stop during the
@@ -258,7 +302,8 @@ async fn prepare_or_stop(
     Ok(prepared)
 }
 
-/// Sends Start to every prepared agent and follows each stream on a task of its own.
+/// Sends Start to every prepared agent (at most `FAN_OUT` at once) and follows each stream on a
+/// task of its own. If an agent refuses, the ones already started are aborted.
 async fn start_all(
     conns: &[Connected],
     streams: &Streams<'_>,
@@ -266,29 +311,66 @@ async fn start_all(
     run_id: &str,
     tx: mpsc::Sender<Ev>,
 ) -> Result<(), RunError> {
-    for &i in prepared {
+    let calls = prepared.iter().map(|&i| {
         let mut client = conns[i].client.clone();
         let req = StartRequest {
             protocol_version: PROTOCOL_VERSION,
             run_id: run_id.to_string(),
             start_at_agent_ns: streams.tracks[i].clock.to_agent(streams.start_ns),
         };
-        let stream = client.start(req).await.map_err(|s| RunError::Start {
-            agent: conns[i].name.clone(),
-            message: conns[i].err(s).to_string(),
-        })?;
-        let window = reattach_window(conns[i].hello.grace_ms);
-        tokio::spawn(follow_agent(
-            i,
-            stream.into_inner(),
-            client,
-            run_id.to_string(),
-            window,
-            tx.clone(),
-        ));
+        async move {
+            let r = client.start(req).await;
+            (i, client, r)
+        }
+    });
+    let mut started = Vec::new();
+    let mut refusal = None;
+    for (i, client, r) in fan_out(FAN_OUT, calls).await {
+        match r {
+            Ok(stream) => {
+                let window = reattach_window(conns[i].hello.grace_ms);
+                tokio::spawn(follow_agent(
+                    i,
+                    stream.into_inner(),
+                    client,
+                    run_id.to_string(),
+                    window,
+                    tx.clone(),
+                ));
+                started.push(i);
+            }
+            Err(s) => {
+                refusal.get_or_insert(RunError::Start {
+                    agent: conns[i].name.clone(),
+                    message: conns[i].err(s).to_string(),
+                });
+            }
+        }
+    }
+    if let Some(e) = refusal {
+        abort_all(conns, &started, run_id, "another agent could not start").await;
+        return Err(e);
     }
     Ok(())
 }
+
+/// How far ahead the start instant is set: far enough for every Start call to arrive. The
+/// calls go out `FAN_OUT` at a time, so the time to send them all grows with the agents:
+/// `START_LEAD_PER_AGENT` each (measured with simulated agents, docs/scale.md: 10,000 Start
+/// calls took about 2 s on a 2-core machine), on top of the base lead and the slowest round
+/// trips. `LOCKSTEP_LEAD_MS` replaces the base.
+fn start_lead(agents: usize, worst_rtt_ns: i64) -> Duration {
+    let base = Duration::from_millis(
+        std::env::var("LOCKSTEP_LEAD_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    base + START_LEAD_PER_AGENT * agents as u32
+        + Duration::from_nanos(worst_rtt_ns.max(0) as u64 * 4)
+}
+
+const START_LEAD_PER_AGENT: Duration = Duration::from_micros(250);
 
 /// The run loop: every event goes to its method on `Streams`; a stop aborts every agent and
 /// waits at most `ABORT_WAIT` for their final results.
@@ -299,13 +381,18 @@ async fn follow(
     mut rx: mpsc::Receiver<Ev>,
     stop: &mut StopRx,
     observer: &mut dyn RunObserver,
+    began: Instant,
 ) -> Result<(), RunError> {
     let mut tick = tokio::time::interval(spec.interval.min(Duration::from_secs(1)));
+    let mut lag = LagReport::new(streams.interval, began);
     while streams.pending > 0 {
         let deadline = streams.abort_deadline.unwrap_or_else(Instant::now);
         tokio::select! {
             ev = rx.recv() => match ev {
-                Some(ev) => streams.on_event(ev, observer)?,
+                Some(ev) => {
+                    lag.observe(&ev, streams, observer);
+                    streams.on_event(ev, observer)?
+                }
                 None => break,
             },
             _ = tick.tick() => streams.on_tick(observer),
@@ -319,7 +406,79 @@ async fn follow(
             }
         }
     }
+    lag.finish(observer);
     Ok(())
+}
+
+/// The interval lag as the run loop sees it (`lag::LagMeter`), told to the live view: a line
+/// when the coordinator falls behind (at most one per `BEHIND_EVERY` intervals) and a summary
+/// at the end, with how long after connecting began the first interval was complete.
+struct LagReport {
+    meter: LagMeter,
+    interval_ms: u64,
+    began: Instant,
+    first_complete: Option<Duration>,
+    last_said: Option<u64>,
+}
+
+const BEHIND_EVERY: u64 = 10;
+
+impl LagReport {
+    fn new(interval: Duration, began: Instant) -> Self {
+        let interval_ms = interval.as_millis().max(1) as u64;
+        LagReport {
+            meter: LagMeter::new(interval_ms),
+            interval_ms,
+            began,
+            first_complete: None,
+            last_said: None,
+        }
+    }
+
+    fn observe(&mut self, ev: &Ev, streams: &Streams<'_>, observer: &mut dyn RunObserver) {
+        let Ev::Event(
+            _,
+            RunEvent {
+                event: Some(run_event::Event::Interval(iv)),
+                ..
+            },
+        ) = ev
+        else {
+            return;
+        };
+        let at_ms = Instant::now()
+            .saturating_duration_since(streams.phase_t0)
+            .as_millis() as u64;
+        for c in self.meter.arrived(iv.index, at_ms, streams.pending) {
+            self.first_complete
+                .get_or_insert_with(|| self.began.elapsed());
+            let quiet = self.last_said.is_some_and(|i| c.index < i + BEHIND_EVERY);
+            if c.lag_ms > self.interval_ms / 2 && !quiet {
+                self.last_said = Some(c.index);
+                observer.message(&format!(
+                    "behind: interval {} complete {:.2} s after its end",
+                    c.index,
+                    c.lag_ms as f64 / 1000.0
+                ));
+            }
+        }
+    }
+
+    fn finish(mut self, observer: &mut dyn RunObserver) {
+        self.meter.finish();
+        let (Some(s), Some(first)) = (self.meter.summary(), self.first_complete) else {
+            return;
+        };
+        observer.message(&format!(
+            "interval lag: median {} ms, last 10 intervals {} ms, worst {} ms (interval {}), over {} intervals; first interval complete {:.2} s after connecting began",
+            s.median_ms,
+            s.last_median_ms,
+            s.worst.lag_ms,
+            s.worst.index,
+            s.intervals,
+            first.as_secs_f64()
+        ));
+    }
 }
 
 /// The run's results from what the streams delivered.
@@ -582,13 +741,36 @@ async fn abort_all(agents: &[Connected], which: &[usize], run_id: &str, reason: 
     futures_join(calls).await;
 }
 
-/// Runs futures concurrently and returns their outputs in order (a tiny join_all on tokio).
+/// Runs futures concurrently and returns their outputs in order (a tiny join_all on tokio),
+/// at most `FAN_OUT` at once.
 pub async fn futures_join<F, T>(futs: impl IntoIterator<Item = F>) -> Vec<T>
 where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    fan_out(FAN_OUT, futs).await
+}
+
+/// Runs futures as tasks, at most `limit` at once, and returns their outputs in order.
+pub async fn fan_out<F, T>(limit: usize, futs: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(limit.max(1)));
+    let handles: Vec<_> = futs
+        .into_iter()
+        .map(|f| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let _permit = gate
+                    .acquire_owned()
+                    .await
+                    .expect("the gate is never closed");
+                f.await
+            })
+        })
+        .collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
         out.push(h.await.expect("task panicked"));
