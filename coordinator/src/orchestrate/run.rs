@@ -6,6 +6,8 @@
 //! and the results so far are still returned.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
@@ -157,11 +159,21 @@ pub async fn execute(
     streams.start_ns = client::unix_ns() + lead.as_nanos() as i64;
     streams.phase_t0 = Instant::now() + lead;
     let (tx, rx) = mpsc::channel::<Ev>(4096);
-    start_all(&conns, &streams, &prepared, &spec.run_id, tx).await?;
+    let heard = Heard::new(conns.len());
+    start_all(&conns, &streams, &prepared, &spec.run_id, tx, &heard).await?;
     streams.pending = prepared.len();
     streams.prepared = prepared;
     observer.phase_started("run", total, true);
-    follow(&conns, &spec, &mut streams, rx, &mut stop, observer, began).await?;
+    follow(
+        &conns,
+        &spec,
+        &mut streams,
+        rx,
+        &mut stop,
+        observer,
+        (began, &heard),
+    )
+    .await?;
     observer.phase_finished("run");
     into_output(&spec, &conns, streams, run_start_ns)
 }
@@ -310,6 +322,7 @@ async fn start_all(
     prepared: &[usize],
     run_id: &str,
     tx: mpsc::Sender<Ev>,
+    heard: &Arc<Heard>,
 ) -> Result<(), RunError> {
     let calls = prepared.iter().map(|&i| {
         let mut client = conns[i].client.clone();
@@ -336,6 +349,7 @@ async fn start_all(
                     run_id.to_string(),
                     window,
                     tx.clone(),
+                    heard.clone(),
                 ));
                 started.push(i);
             }
@@ -374,6 +388,11 @@ const START_LEAD_PER_AGENT: Duration = Duration::from_micros(250);
 
 /// The run loop: every event goes to its method on `Streams`; a stop aborts every agent and
 /// waits at most `ABORT_WAIT` for their final results.
+///
+/// Merging is CPU work on the loop's thread: it runs "in place" (`off_the_io_threads`), so the
+/// runtime moves the socket tasks to other threads meanwhile. On the runtime's own threads, a
+/// loop busy merging for a second at a time (8,000 volumes) left the streams' tasks unpolled:
+/// keepalive pings went unanswered and agents dropped the connections as dead.
 async fn follow(
     conns: &[Connected],
     spec: &RunSpec,
@@ -381,21 +400,22 @@ async fn follow(
     mut rx: mpsc::Receiver<Ev>,
     stop: &mut StopRx,
     observer: &mut dyn RunObserver,
-    began: Instant,
+    (began, heard): (Instant, &Heard),
 ) -> Result<(), RunError> {
     let mut tick = tokio::time::interval(spec.interval.min(Duration::from_secs(1)));
     let mut lag = LagReport::new(streams.interval, began);
     while streams.pending > 0 {
         let deadline = streams.abort_deadline.unwrap_or_else(Instant::now);
-        tokio::select! {
+        let ev = tokio::select! {
             ev = rx.recv() => match ev {
-                Some(ev) => {
-                    lag.observe(&ev, streams, observer);
-                    streams.on_event(ev, observer)?
-                }
+                Some(ev) => ev,
                 None => break,
             },
-            _ = tick.tick() => streams.on_tick(observer),
+            _ = tick.tick() => {
+                heard.refresh(&mut streams.tracks);
+                off_the_io_threads(|| streams.on_tick(observer));
+                continue;
+            }
             _ = tokio::time::sleep_until(deadline.into()), if streams.abort_deadline.is_some() => {
                 streams.on_abort_deadline(observer);
                 break;
@@ -403,11 +423,71 @@ async fn follow(
             r = stop.wait_for(|s| s.is_some()), if !streams.aborted => {
                 streams.on_stop(stop_reason(r), observer);
                 abort_all(conns, &streams.prepared, &spec.run_id, "stopped by the user").await;
+                continue;
             }
-        }
+        };
+        off_the_io_threads(|| -> Result<(), RunError> {
+            lag.observe(&ev, streams, observer);
+            streams.on_event(ev, observer)?;
+            // What else is queued, in the same hand-off (each costs a thread switch), for a
+            // bounded time so ticks and stops are still seen.
+            let t = Instant::now();
+            while t.elapsed() < BATCH_TIME {
+                let Ok(ev) = rx.try_recv() else { break };
+                lag.observe(&ev, streams, observer);
+                streams.on_event(ev, observer)?;
+            }
+            Ok(())
+        })?;
     }
     lag.finish(observer);
     Ok(())
+}
+
+/// How long the run loop handles queued events in one go before it looks at ticks and stops.
+const BATCH_TIME: Duration = Duration::from_millis(50);
+
+/// Runs CPU work of the run loop with the runtime's other tasks moved off this thread
+/// (`block_in_place`), on a multi-threaded runtime; on a single-threaded one (the coordinator
+/// service's helpers), in place as it is.
+fn off_the_io_threads<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// When each agent's stream last delivered anything, as its task saw it. The run loop's own
+/// record (`AgentTrack::last_heard`) is when it handled the event: when merging falls behind,
+/// every agent would look stalled though all are streaming.
+pub struct Heard {
+    base: Instant,
+    /// Milliseconds since `base`, per agent; 0: nothing yet.
+    ms: Vec<AtomicU64>,
+}
+
+impl Heard {
+    fn new(agents: usize) -> Arc<Self> {
+        Arc::new(Heard {
+            base: Instant::now(),
+            ms: (0..agents).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    fn mark(&self, i: usize) {
+        let ms = self.base.elapsed().as_millis().max(1) as u64;
+        self.ms[i].store(ms, Ordering::Relaxed);
+    }
+
+    /// Moves each track's `last_heard` up to what its stream's task saw.
+    fn refresh(&self, tracks: &mut [AgentTrack]) {
+        for (t, ms) in tracks.iter_mut().zip(&self.ms) {
+            let ms = ms.load(Ordering::Relaxed);
+            if ms > 0 {
+                t.last_heard = t.last_heard.max(self.base + Duration::from_millis(ms));
+            }
+        }
+    }
 }
 
 /// The interval lag as the run loop sees it (`lag::LagMeter`), told to the live view: a line
@@ -419,6 +499,8 @@ struct LagReport {
     began: Instant,
     first_complete: Option<Duration>,
     last_said: Option<u64>,
+    /// Agents lost so far (their streams ended without a final result).
+    lost: usize,
 }
 
 const BEHIND_EVERY: u64 = 10;
@@ -432,10 +514,14 @@ impl LagReport {
             began,
             first_complete: None,
             last_said: None,
+            lost: 0,
         }
     }
 
     fn observe(&mut self, ev: &Ev, streams: &Streams<'_>, observer: &mut dyn RunObserver) {
+        if let Ev::Ended(_, Some(_)) = ev {
+            self.lost += 1;
+        }
         let Ev::Event(
             _,
             RunEvent {
@@ -449,7 +535,10 @@ impl LagReport {
         let at_ms = Instant::now()
             .saturating_duration_since(streams.phase_t0)
             .as_millis() as u64;
-        for c in self.meter.arrived(iv.index, at_ms, streams.pending) {
+        // Every agent started and not lost sends every interval (one that already sent its
+        // final result sent them all before it: `pending` would undercount).
+        let expected = streams.prepared.len().saturating_sub(self.lost);
+        for c in self.meter.arrived(iv.index, at_ms, expected) {
             self.first_complete
                 .get_or_insert_with(|| self.began.elapsed());
             let quiet = self.last_said.is_some_and(|i| c.index < i + BEHIND_EVERY);
@@ -646,6 +735,7 @@ async fn follow_agent(
     run_id: String,
     window: Duration,
     tx: mpsc::Sender<Ev>,
+    heard: Arc<Heard>,
 ) {
     // The last event's sequence number: a re-attach asks for what came after it.
     let mut last_seq = 0u64;
@@ -654,6 +744,7 @@ async fn follow_agent(
         let broke = loop {
             match stream.next().await {
                 Some(Ok(ev)) => {
+                    heard.mark(i);
                     if ev.seq != 0 {
                         if ev.seq <= last_seq {
                             continue;
