@@ -8,7 +8,8 @@
 # noise. docs/scale.md has figures and what they mean.
 #
 # Usage: scripts/scale-bench.sh [SIZES="100 1000 10000"]
-#   env: VOLUMES=8 DURATION=60s INTERVAL=1s BASE_PORT=20000 KEEP=1 (keep the run directories)
+#   env: VOLUMES=8 DURATION=60s INTERVAL=1s BASE_PORT=20000 KEEP=1 (keep the run directories;
+#   mind the disk: intervals.hlog takes about 2 KB per volume-interval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"100 1000 10000"}
@@ -92,7 +93,8 @@ live = open(os.path.join(d, "live.txt")).read()
 m_lag = re.search(r"interval lag: median (\d+) ms, last 10 intervals (\d+) ms, worst (\d+) ms \(interval \d+\), over (\d+) intervals; first interval complete ([\d.]+) s", live)
 try:
     r = json.load(open(os.path.join(d, "run", "results.json")))
-    status = f"{r['status']} {len(r['volumes'])} vols"
+    skew = (r.get("start_skew_ns") or 0) / 1e6
+    status = f"{r['status']} {len(r['volumes'])} vols, start skew {skew:.1f} ms"
 except Exception as e:
     status = f"exit {rc}, no results.json"
 if m_lag:
@@ -105,4 +107,6 @@ else:
 print(row, flush=True)
 PY
   [ "$rc" -le 1 ] || tail -5 "$dir/live.txt" >&2
+  # intervals.hlog is about 2 KB a volume-interval (1.3 GB for 1,000 x 8 x 60 s): gone at once.
+  [ -n "${KEEP:-}" ] || rm -rf "$dir/run"
 done

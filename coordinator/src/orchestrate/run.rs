@@ -115,7 +115,7 @@ pub async fn execute(
 ) -> Result<RunResults, RunError> {
     let run_start_ns = client::unix_ns();
     let began = Instant::now();
-    let (conns, tracks) = connect_all(&spec, observer).await?;
+    let (conns, tracks, connecting) = connect_all(&spec, observer).await?;
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
     let infos: Vec<PlannedVolume> = spec
         .agents
@@ -155,7 +155,7 @@ pub async fn execute(
     };
     let prepared = prepare_or_stop(&conns, &spec, total, &mut stop, &mut streams, observer).await?;
     // One start instant for everyone, far enough ahead for the Start calls to arrive.
-    let lead = start_lead(prepared.len(), worst_rtt);
+    let lead = start_lead(prepared.len(), worst_rtt, connecting);
     streams.start_ns = client::unix_ns() + lead.as_nanos() as i64;
     streams.phase_t0 = Instant::now() + lead;
     let (tx, rx) = mpsc::channel::<Ev>(4096);
@@ -189,12 +189,13 @@ pub const FAN_OUT: usize = 256;
 const CLOCK_FAN_OUT: usize = 32;
 
 /// Connects to every agent (at most `FAN_OUT` at once), refuses a busy one, and measures each
-/// clock.
+/// clock. Also returns how long connecting took (the start lead's yardstick).
 async fn connect_all(
     spec: &RunSpec,
     observer: &mut dyn RunObserver,
-) -> Result<(Vec<Connected>, Vec<AgentTrack>), RunError> {
+) -> Result<(Vec<Connected>, Vec<AgentTrack>, Duration), RunError> {
     observer.message(&format!("connecting to {} agents", spec.agents.len()));
+    let t = Instant::now();
     let conns = fan_out(
         FAN_OUT,
         spec.agents.iter().map(|a| {
@@ -204,6 +205,7 @@ async fn connect_all(
         }),
     )
     .await;
+    let connecting = t.elapsed();
     let mut out = Vec::with_capacity(conns.len());
     for c in conns {
         let conn = c?;
@@ -234,7 +236,7 @@ async fn connect_all(
         out.push(conn);
     }
     observer.message(&clocks_message(&tracks));
-    Ok((out, tracks))
+    Ok((out, tracks, connecting))
 }
 
 /// The clocks line of the live view: every offset for a few agents, the range for many (a line
@@ -369,18 +371,21 @@ async fn start_all(
 }
 
 /// How far ahead the start instant is set: far enough for every Start call to arrive. The
-/// calls go out `FAN_OUT` at a time, so the time to send them all grows with the agents:
-/// `START_LEAD_PER_AGENT` each (measured with simulated agents, docs/scale.md: 10,000 Start
-/// calls took about 2 s on a 2-core machine), on top of the base lead and the slowest round
-/// trips. `LOCKSTEP_LEAD_MS` replaces the base.
-fn start_lead(agents: usize, worst_rtt_ns: i64) -> Duration {
+/// calls go out `FAN_OUT` at a time, so sending them all takes longer the more agents there
+/// are and the busier the agents' hosts: at least `START_LEAD_PER_AGENT` each, and at least
+/// as long as connecting to them all took (`connecting`: a connection set-up and a call each,
+/// at the same fan-out, so no less work than the Start calls). With 10,000 simulated agents
+/// on 2 cores, a lead of 250 us per agent (2.8 s) left the last agents starting 6.2 s late
+/// (docs/scale.md). On top: the base lead and the slowest round trips. `LOCKSTEP_LEAD_MS`
+/// replaces the base.
+fn start_lead(agents: usize, worst_rtt_ns: i64, connecting: Duration) -> Duration {
     let base = Duration::from_millis(
         std::env::var("LOCKSTEP_LEAD_MS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(300),
     );
-    base + START_LEAD_PER_AGENT * agents as u32
+    base + (START_LEAD_PER_AGENT * agents as u32).max(connecting)
         + Duration::from_nanos(worst_rtt_ns.max(0) as u64 * 4)
 }
 
