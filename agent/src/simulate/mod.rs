@@ -90,7 +90,7 @@ pub fn raise_nofile(needed: u64) -> String {
         "open files: limit {} (was {before}, hard limit {})",
         lim.rlim_cur, lim.rlim_max
     );
-    if (lim.rlim_cur as u64) < needed {
+    if lim.rlim_cur < needed {
         msg.push_str(&format!(
             "; NOT ENOUGH: these agents need about {needed}: raise the hard limit (ulimit -Hn, \
              LimitNOFILE=) or split them over processes with --first-index"
