@@ -26,7 +26,9 @@
 //!   saved state, lost/stale/corrupt blocks by offset);
 //! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...);
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
-//! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies).
+//! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies);
+//! - `simulate/`: `lockstep-agent simulate`, many simulated agents speaking the real protocol in
+//!   one process, to measure the coordinator at cluster scale.
 
 // Shared with the coordinator, in `lockstep-core` (`core/src/`); re-exported at their old paths.
 pub use lockstep_core::{confine, job, jobfile, limits, registry, report, stats, units};
@@ -39,6 +41,7 @@ pub mod layout;
 pub mod progress;
 pub mod rate;
 pub mod runner;
+pub mod simulate;
 pub mod standalone;
 pub mod verify;
 pub mod workload;

@@ -100,6 +100,51 @@ enum Command {
         #[arg(long, hide = true)]
         exit_with_stdin: bool,
     },
+    /// Simulate N agents of M volumes in this process, each a real gRPC agent on its own port,
+    /// to measure the coordinator at scale (no IO: intervals come from pre-made histograms).
+    Simulate(SimulateArgs),
+}
+
+#[derive(clap::Args)]
+struct SimulateArgs {
+    /// How many agents (agent-0 .. agent-N-1).
+    #[arg(long)]
+    agents: usize,
+    /// Volumes per agent (data1 .. dataM).
+    #[arg(long, default_value_t = 8)]
+    volumes: usize,
+    /// This many agents (the first ones) get their data1 1.5x slower from mid-run.
+    #[arg(long, default_value_t = 0)]
+    slow: usize,
+    /// This many agents (the last ones) stop streaming and close their server mid-run.
+    #[arg(long, default_value_t = 0)]
+    lose: usize,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Ports P .. P+N-1 (default: OS-assigned).
+    #[arg(long, value_name = "P")]
+    base_port: Option<u16>,
+    /// Write `name=host:port` lines here, for `lockstep run --agents-file`.
+    #[arg(long, value_name = "FILE")]
+    addresses: Option<PathBuf>,
+    /// Shared token every coordinator call must carry (or LOCKSTEP_TOKEN).
+    #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Told to the coordinator as the agents' grace period (how long it tries to re-attach).
+    #[arg(long, default_value = "10s")]
+    grace: String,
+    /// Number the agents from here (several processes make one cluster: agent-0.., agent-5000..).
+    #[arg(long, default_value_t = 0)]
+    first_index: usize,
+    /// Each agent's clock is off by a fixed amount within +-this many milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    clock_offset_ms: f64,
+    /// Pre-encoded histograms per direction.
+    #[arg(long, default_value_t = 128)]
+    pool: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 fn parse_override(s: &str) -> Result<(String, String), String> {
@@ -107,6 +152,40 @@ fn parse_override(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
         _ if !s.trim().is_empty() && !s.contains('=') => Ok((s.trim().to_string(), String::new())),
         _ => Err(format!("expected KEY=VALUE, got '{s}'")),
+    }
+}
+
+fn simulate(a: SimulateArgs) -> std::process::ExitCode {
+    let grace =
+        match lockstep_agent::units::parse_time(&a.grace, lockstep_agent::units::TimeUnit::Seconds)
+        {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("lockstep-agent: error: --grace {}: {e}", a.grace);
+                return std::process::ExitCode::from(2);
+            }
+        };
+    let opts = lockstep_agent::simulate::SimOptions {
+        agents: a.agents,
+        volumes: a.volumes,
+        slow: a.slow,
+        lose: a.lose,
+        host: a.host,
+        base_port: a.base_port,
+        addresses: a.addresses,
+        token: a.token.filter(|t| !t.is_empty()),
+        grace,
+        first_index: a.first_index,
+        clock_offset: std::time::Duration::from_secs_f64(a.clock_offset_ms.abs() / 1000.0),
+        pool_size: a.pool,
+        seed: a.seed,
+    };
+    match lockstep_agent::simulate::simulate_blocking(opts) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockstep-agent: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
     }
 }
 
@@ -122,6 +201,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Simulate(a) => return simulate(a),
         Command::Serve {
             listen,
             volumes,

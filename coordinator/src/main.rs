@@ -141,6 +141,10 @@ struct RunCli {
     /// An agent by address, in addition to the plan's [[agent]] list.
     #[arg(long = "agent", value_name = "NAME=HOST:PORT", value_parser = parse_agent)]
     agents: Vec<(String, String)>,
+    /// Agents by address from a file of `NAME=HOST:PORT` lines (`#` comments), in addition to
+    /// the plan's and --agent (for clusters too big for a command line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["local", "etcd"])]
+    agents_file: Option<PathBuf>,
     /// Token the agents require (or LOCKSTEP_TOKEN).
     #[arg(long, env = "LOCKSTEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -170,7 +174,7 @@ struct RunCli {
 }
 
 impl RunCli {
-    fn into_request(self) -> RunRequest {
+    fn into_request(self) -> anyhow::Result<RunRequest> {
         let agents = match (self.local, self.etcd) {
             (Some(shape), _) => AgentSource::Local {
                 shape,
@@ -180,9 +184,15 @@ impl RunCli {
                 endpoints: lockstep_core::registry::parse_endpoints(&etcd),
                 prefix: self.etcd_prefix,
             },
-            (None, None) => AgentSource::Listed(self.agents),
+            (None, None) => {
+                let mut agents = self.agents;
+                if let Some(f) = &self.agents_file {
+                    agents.extend(cli::agents_file(f)?);
+                }
+                AgentSource::Listed(agents)
+            }
         };
-        RunRequest {
+        Ok(RunRequest {
             plan: self.plan,
             agents,
             output: self.output,
@@ -193,7 +203,7 @@ impl RunCli {
                 fail_on_chokepoint: self.fail_on_chokepoint,
                 metrics_listen: self.metrics_listen,
             },
-        }
+        })
     }
 }
 
@@ -250,7 +260,8 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run { run, tls } => tls
             .apply()
-            .and_then(|()| cli::run_command(run.into_request())),
+            .and_then(|()| run.into_request())
+            .and_then(cli::run_command),
         Command::Compare {
             runs,
             html,

@@ -556,7 +556,9 @@ fn configured_depth(jobs: &[JobSpec]) -> u32 {
         .fold(0u32, u32::saturating_add)
 }
 
-fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
+/// The bearer-token rule, shared with the simulated agents (`simulate`) so they refuse what a
+/// real agent refuses.
+pub(crate) fn check_token(token: &Option<String>, req: Request<()>) -> Result<Request<()>, Status> {
     let Some(want) = token else { return Ok(req) };
     let got = req
         .metadata()

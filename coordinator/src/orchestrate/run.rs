@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
@@ -17,6 +19,7 @@ use lockstep_proto::v1::{
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
+use super::lag::LagMeter;
 use super::streams::{AgentTrack, Ev, Streams, reattach_window};
 use crate::orchestrate::client::{self, Connected};
 use crate::results::DataFiles;
@@ -115,7 +118,8 @@ pub async fn execute(
     data_dir: Option<&Path>,
 ) -> Result<RunResults, RunError> {
     let run_start_ns = client::unix_ns();
-    let (conns, tracks) = connect_all(&spec, observer).await?;
+    let began = Instant::now();
+    let (conns, tracks, connecting) = connect_all(&spec, observer).await?;
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
     let infos: Vec<PlannedVolume> = spec
         .agents
@@ -175,20 +179,25 @@ pub async fn execute(
     };
     let prepared = prepare_or_stop(&conns, &spec, total, &mut stop, &mut streams, observer).await?;
     // One start instant for everyone, far enough ahead for the Start calls to arrive.
-    let lead = Duration::from_millis(
-        std::env::var("LOCKSTEP_LEAD_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    ) + Duration::from_nanos(worst_rtt.max(0) as u64 * 4);
+    let lead = start_lead(prepared.len(), worst_rtt, connecting);
     streams.start_ns = client::unix_ns() + lead.as_nanos() as i64;
     streams.phase_t0 = Instant::now() + lead;
     let (tx, rx) = mpsc::channel::<Ev>(4096);
-    start_all(&conns, &streams, &prepared, &spec.run_id, tx).await?;
+    let heard = Heard::new(conns.len());
+    start_all(&conns, &streams, &prepared, &spec.run_id, tx, &heard).await?;
     streams.pending = prepared.len();
     streams.prepared = prepared;
     observer.phase_started("run", total, true);
-    follow(&conns, &spec, &mut streams, rx, &mut stop, observer).await?;
+    follow(
+        &conns,
+        &spec,
+        &mut streams,
+        rx,
+        &mut stop,
+        observer,
+        (began, &heard),
+    )
+    .await?;
     observer.phase_finished("run");
     let keep = streams.merger.keep();
     let mut results = into_output(&spec, &conns, streams, run_start_ns)?;
@@ -259,48 +268,97 @@ fn finish_store(store: StoreWriter, dir: &Path, fold: u64, r: &RunResults) -> Da
     }
 }
 
-/// Connects to every agent at once, refuses a busy one, and measures each clock.
+/// Calls to agents in flight at once. Every call is a task of its own; without a bound,
+/// 10,000 agents are 10,000 simultaneous connection set-ups (SYN backlogs overflow, connects
+/// time out) and a pile of half-served calls that all finish late. 256 keeps a LAN's pipe
+/// full: a call takes about a round trip, so this is 256 calls per round trip.
+pub const FAN_OUT: usize = 256;
+
+/// Clock probes in flight at once: a probe's round trip bounds its offset's error, and every
+/// probe in flight on this machine's few cores adds to the others' round trips.
+const CLOCK_FAN_OUT: usize = 32;
+
+/// Connects to every agent (at most `FAN_OUT` at once), refuses a busy one, and measures each
+/// clock. Also returns how long connecting took (the start lead's yardstick).
 async fn connect_all(
     spec: &RunSpec,
     observer: &mut dyn RunObserver,
-) -> Result<(Vec<Connected>, Vec<AgentTrack>), RunError> {
+) -> Result<(Vec<Connected>, Vec<AgentTrack>, Duration), RunError> {
     observer.message(&format!("connecting to {} agents", spec.agents.len()));
-    let conns = futures_join(spec.agents.iter().map(|a| {
-        let token = spec.token.clone();
-        let (name, address) = (a.name.clone(), a.address.clone());
-        async move { client::connect(&name, &address, token.as_deref()).await }
-    }))
+    let t = Instant::now();
+    let conns = fan_out(
+        FAN_OUT,
+        spec.agents.iter().map(|a| {
+            let token = spec.token.clone();
+            let (name, address) = (a.name.clone(), a.address.clone());
+            async move { client::connect(&name, &address, token.as_deref()).await }
+        }),
+    )
     .await;
-    let mut out = Vec::new();
-    let mut tracks = Vec::new();
+    let connecting = t.elapsed();
+    let mut out = Vec::with_capacity(conns.len());
     for c in conns {
-        let mut conn = c?;
+        let conn = c?;
         if !conn.hello.busy_with_run.is_empty() {
             return Err(RunError::Prepare {
                 agent: conn.name.clone(),
                 message: format!("busy with run {}", conn.hello.busy_with_run),
             });
         }
-        let clock = conn.probe_clock(16).await?;
+        out.push(conn);
+    }
+    let probed = fan_out(
+        CLOCK_FAN_OUT,
+        out.into_iter().map(|mut conn| async move {
+            let clock = conn.probe_clock(16).await;
+            (conn, clock)
+        }),
+    )
+    .await;
+    let mut out = Vec::with_capacity(probed.len());
+    let mut tracks = Vec::with_capacity(probed.len());
+    for (conn, clock) in probed {
         tracks.push(AgentTrack::new(
             conn.name.clone(),
-            clock,
+            clock?,
             conn.hello.grace_ms,
         ));
         out.push(conn);
     }
+    observer.message(&clocks_message(&tracks));
+    Ok((out, tracks, connecting))
+}
+
+/// The clocks line of the live view: every offset for a few agents, the range for many (a line
+/// of 10,000 offsets helps nobody; `results.json` has them all).
+fn clocks_message(tracks: &[AgentTrack]) -> String {
     let worst_rtt = tracks.iter().map(|t| t.clock.rtt_ns).max().unwrap_or(0);
-    observer.message(&format!(
-        "clocks: {} agents, offsets {}, worst round trip {:.3} ms",
-        tracks.len(),
+    let ms = |ns: i64| ns as f64 / 1e6;
+    let offsets = if tracks.len() <= 20 {
         tracks
             .iter()
-            .map(|t| format!("{}={:+.3}ms", t.name, t.clock.offset_ns as f64 / 1e6))
+            .map(|t| format!("{}={:+.3}ms", t.name, ms(t.clock.offset_ns)))
             .collect::<Vec<_>>()
-            .join(" "),
-        worst_rtt as f64 / 1e6
-    ));
-    Ok((out, tracks))
+            .join(" ")
+    } else {
+        let lo = tracks.iter().min_by_key(|t| t.clock.offset_ns);
+        let hi = tracks.iter().max_by_key(|t| t.clock.offset_ns);
+        match (lo, hi) {
+            (Some(lo), Some(hi)) => format!(
+                "from {:+.3}ms ({}) to {:+.3}ms ({})",
+                ms(lo.clock.offset_ns),
+                lo.name,
+                ms(hi.clock.offset_ns),
+                hi.name
+            ),
+            _ => String::new(),
+        }
+    };
+    format!(
+        "clocks: {} agents, offsets {offsets}, worst round trip {:.3} ms",
+        tracks.len(),
+        ms(worst_rtt)
+    )
 }
 
 /// Prepares everywhere (lays out files); any refusal aborts the others. A stop during the
@@ -348,40 +406,88 @@ async fn prepare_or_stop(
     Ok(prepared)
 }
 
-/// Sends Start to every prepared agent and follows each stream on a task of its own.
+/// Sends Start to every prepared agent (at most `FAN_OUT` at once) and follows each stream on a
+/// task of its own. If an agent refuses, the ones already started are aborted.
 async fn start_all(
     conns: &[Connected],
     streams: &Streams<'_>,
     prepared: &[usize],
     run_id: &str,
     tx: mpsc::Sender<Ev>,
+    heard: &Arc<Heard>,
 ) -> Result<(), RunError> {
-    for &i in prepared {
+    let calls = prepared.iter().map(|&i| {
         let mut client = conns[i].client.clone();
         let req = StartRequest {
             protocol_version: PROTOCOL_VERSION,
             run_id: run_id.to_string(),
             start_at_agent_ns: streams.tracks[i].clock.to_agent(streams.start_ns),
         };
-        let stream = client.start(req).await.map_err(|s| RunError::Start {
-            agent: conns[i].name.clone(),
-            message: conns[i].err(s).to_string(),
-        })?;
-        let window = reattach_window(conns[i].hello.grace_ms);
-        tokio::spawn(follow_agent(
-            i,
-            stream.into_inner(),
-            client,
-            run_id.to_string(),
-            window,
-            tx.clone(),
-        ));
+        async move {
+            let r = client.start(req).await;
+            (i, client, r)
+        }
+    });
+    let mut started = Vec::new();
+    let mut refusal = None;
+    for (i, client, r) in fan_out(FAN_OUT, calls).await {
+        match r {
+            Ok(stream) => {
+                let window = reattach_window(conns[i].hello.grace_ms);
+                tokio::spawn(follow_agent(
+                    i,
+                    stream.into_inner(),
+                    client,
+                    run_id.to_string(),
+                    window,
+                    tx.clone(),
+                    heard.clone(),
+                ));
+                started.push(i);
+            }
+            Err(s) => {
+                refusal.get_or_insert(RunError::Start {
+                    agent: conns[i].name.clone(),
+                    message: conns[i].err(s).to_string(),
+                });
+            }
+        }
+    }
+    if let Some(e) = refusal {
+        abort_all(conns, &started, run_id, "another agent could not start").await;
+        return Err(e);
     }
     Ok(())
 }
 
+/// How far ahead the start instant is set: far enough for every Start call to arrive. The
+/// calls go out `FAN_OUT` at a time, so sending them all takes longer the more agents there
+/// are and the busier the agents' hosts: at least `START_LEAD_PER_AGENT` each, and at least
+/// as long as connecting to them all took (`connecting`: a connection set-up and a call each,
+/// at the same fan-out, so no less work than the Start calls). With 10,000 simulated agents
+/// on 2 cores, a lead of 250 us per agent (2.8 s) left the last agents starting 6.2 s late
+/// (docs/scale.md). On top: the base lead and the slowest round trips. `LOCKSTEP_LEAD_MS`
+/// replaces the base.
+fn start_lead(agents: usize, worst_rtt_ns: i64, connecting: Duration) -> Duration {
+    let base = Duration::from_millis(
+        std::env::var("LOCKSTEP_LEAD_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    base + (START_LEAD_PER_AGENT * agents as u32).max(connecting)
+        + Duration::from_nanos(worst_rtt_ns.max(0) as u64 * 4)
+}
+
+const START_LEAD_PER_AGENT: Duration = Duration::from_micros(250);
+
 /// The run loop: every event goes to its method on `Streams`; a stop aborts every agent and
 /// waits at most `ABORT_WAIT` for their final results.
+///
+/// Merging is CPU work on the loop's thread: it runs "in place" (`off_the_io_threads`), so the
+/// runtime moves the socket tasks to other threads meanwhile. On the runtime's own threads, a
+/// loop busy merging for a second at a time (8,000 volumes) left the streams' tasks unpolled:
+/// keepalive pings went unanswered and agents dropped the connections as dead.
 async fn follow(
     conns: &[Connected],
     spec: &RunSpec,
@@ -389,16 +495,22 @@ async fn follow(
     mut rx: mpsc::Receiver<Ev>,
     stop: &mut StopRx,
     observer: &mut dyn RunObserver,
+    (began, heard): (Instant, &Heard),
 ) -> Result<(), RunError> {
     let mut tick = tokio::time::interval(spec.interval.min(Duration::from_secs(1)));
+    let mut lag = LagReport::new(streams.interval, began);
     while streams.pending > 0 {
         let deadline = streams.abort_deadline.unwrap_or_else(Instant::now);
-        tokio::select! {
+        let ev = tokio::select! {
             ev = rx.recv() => match ev {
-                Some(ev) => streams.on_event(ev, observer)?,
+                Some(ev) => ev,
                 None => break,
             },
-            _ = tick.tick() => streams.on_tick(observer),
+            _ = tick.tick() => {
+                heard.refresh(&mut streams.tracks);
+                off_the_io_threads(|| streams.on_tick(observer));
+                continue;
+            }
             _ = tokio::time::sleep_until(deadline.into()), if streams.abort_deadline.is_some() => {
                 streams.on_abort_deadline(observer);
                 break;
@@ -406,10 +518,151 @@ async fn follow(
             r = stop.wait_for(|s| s.is_some()), if !streams.aborted => {
                 streams.on_stop(stop_reason(r), observer);
                 abort_all(conns, &streams.prepared, &spec.run_id, "stopped by the user").await;
+                continue;
+            }
+        };
+        off_the_io_threads(|| -> Result<(), RunError> {
+            lag.observe(&ev, streams, observer);
+            streams.on_event(ev, observer)?;
+            // What else is queued, in the same hand-off (each costs a thread switch), for a
+            // bounded time so ticks and stops are still seen.
+            let t = Instant::now();
+            while t.elapsed() < BATCH_TIME {
+                let Ok(ev) = rx.try_recv() else { break };
+                lag.observe(&ev, streams, observer);
+                streams.on_event(ev, observer)?;
+            }
+            Ok(())
+        })?;
+    }
+    lag.finish(observer);
+    Ok(())
+}
+
+/// How long the run loop handles queued events in one go before it looks at ticks and stops.
+const BATCH_TIME: Duration = Duration::from_millis(50);
+
+/// Runs CPU work of the run loop with the runtime's other tasks moved off this thread
+/// (`block_in_place`), on a multi-threaded runtime; on a single-threaded one (the coordinator
+/// service's helpers), in place as it is.
+fn off_the_io_threads<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// When each agent's stream last delivered anything, as its task saw it. The run loop's own
+/// record (`AgentTrack::last_heard`) is when it handled the event: when merging falls behind,
+/// every agent would look stalled though all are streaming.
+pub struct Heard {
+    base: Instant,
+    /// Milliseconds since `base`, per agent; 0: nothing yet.
+    ms: Vec<AtomicU64>,
+}
+
+impl Heard {
+    fn new(agents: usize) -> Arc<Self> {
+        Arc::new(Heard {
+            base: Instant::now(),
+            ms: (0..agents).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    fn mark(&self, i: usize) {
+        let ms = self.base.elapsed().as_millis().max(1) as u64;
+        self.ms[i].store(ms, Ordering::Relaxed);
+    }
+
+    /// Moves each track's `last_heard` up to what its stream's task saw.
+    fn refresh(&self, tracks: &mut [AgentTrack]) {
+        for (t, ms) in tracks.iter_mut().zip(&self.ms) {
+            let ms = ms.load(Ordering::Relaxed);
+            if ms > 0 {
+                t.last_heard = t.last_heard.max(self.base + Duration::from_millis(ms));
             }
         }
     }
-    Ok(())
+}
+
+/// The interval lag as the run loop sees it (`lag::LagMeter`), told to the live view: a line
+/// when the coordinator falls behind (at most one per `BEHIND_EVERY` intervals) and a summary
+/// at the end, with how long after connecting began the first interval was complete.
+struct LagReport {
+    meter: LagMeter,
+    interval_ms: u64,
+    began: Instant,
+    first_complete: Option<Duration>,
+    last_said: Option<u64>,
+    /// Agents lost so far (their streams ended without a final result).
+    lost: usize,
+}
+
+const BEHIND_EVERY: u64 = 10;
+
+impl LagReport {
+    fn new(interval: Duration, began: Instant) -> Self {
+        let interval_ms = interval.as_millis().max(1) as u64;
+        LagReport {
+            meter: LagMeter::new(interval_ms),
+            interval_ms,
+            began,
+            first_complete: None,
+            last_said: None,
+            lost: 0,
+        }
+    }
+
+    fn observe(&mut self, ev: &Ev, streams: &Streams<'_>, observer: &mut dyn RunObserver) {
+        if let Ev::Ended(_, Some(_)) = ev {
+            self.lost += 1;
+        }
+        let Ev::Event(
+            _,
+            RunEvent {
+                event: Some(run_event::Event::Interval(iv)),
+                ..
+            },
+        ) = ev
+        else {
+            return;
+        };
+        let at_ms = Instant::now()
+            .saturating_duration_since(streams.phase_t0)
+            .as_millis() as u64;
+        // Every agent started and not lost sends every interval (one that already sent its
+        // final result sent them all before it: `pending` would undercount).
+        let expected = streams.prepared.len().saturating_sub(self.lost);
+        for c in self.meter.arrived(iv.index, at_ms, expected) {
+            self.first_complete
+                .get_or_insert_with(|| self.began.elapsed());
+            let quiet = self.last_said.is_some_and(|i| c.index < i + BEHIND_EVERY);
+            if c.lag_ms > self.interval_ms / 2 && !quiet {
+                self.last_said = Some(c.index);
+                observer.message(&format!(
+                    "behind: interval {} complete {:.2} s after its end",
+                    c.index,
+                    c.lag_ms as f64 / 1000.0
+                ));
+            }
+        }
+    }
+
+    fn finish(mut self, observer: &mut dyn RunObserver) {
+        self.meter.finish();
+        let (Some(s), Some(first)) = (self.meter.summary(), self.first_complete) else {
+            return;
+        };
+        observer.message(&format!(
+            "interval lag: median {} ms, last 10 intervals {} ms, worst {} ms (interval {}), over {} intervals; first interval complete {:.2} s after connecting began",
+            s.median_ms,
+            s.last_median_ms,
+            s.worst.lag_ms,
+            s.worst.index,
+            s.intervals,
+            first.as_secs_f64()
+        ));
+    }
 }
 
 /// The run's results from what the streams delivered.
@@ -578,6 +831,7 @@ async fn follow_agent(
     run_id: String,
     window: Duration,
     tx: mpsc::Sender<Ev>,
+    heard: Arc<Heard>,
 ) {
     // The last event's sequence number: a re-attach asks for what came after it.
     let mut last_seq = 0u64;
@@ -586,6 +840,7 @@ async fn follow_agent(
         let broke = loop {
             match stream.next().await {
                 Some(Ok(ev)) => {
+                    heard.mark(i);
                     if ev.seq != 0 {
                         if ev.seq <= last_seq {
                             continue;
@@ -673,13 +928,36 @@ async fn abort_all(agents: &[Connected], which: &[usize], run_id: &str, reason: 
     futures_join(calls).await;
 }
 
-/// Runs futures concurrently and returns their outputs in order (a tiny join_all on tokio).
+/// Runs futures concurrently and returns their outputs in order (a tiny join_all on tokio),
+/// at most `FAN_OUT` at once.
 pub async fn futures_join<F, T>(futs: impl IntoIterator<Item = F>) -> Vec<T>
 where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    fan_out(FAN_OUT, futs).await
+}
+
+/// Runs futures as tasks, at most `limit` at once, and returns their outputs in order.
+pub async fn fan_out<F, T>(limit: usize, futs: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(limit.max(1)));
+    let handles: Vec<_> = futs
+        .into_iter()
+        .map(|f| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let _permit = gate
+                    .acquire_owned()
+                    .await
+                    .expect("the gate is never closed");
+                f.await
+            })
+        })
+        .collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
         out.push(h.await.expect("task panicked"));

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The real coordinator against simulated agents (`lockstep-agent simulate`) at cluster sizes:
+# for each size, N agents x VOLUMES volumes at 1 s intervals for DURATION, and one table row:
+# the coordinator's CPU seconds (user+sys, /usr/bin/time), per volume-interval, its peak RSS,
+# the time from `lockstep run` to the first complete interval, and the interval lag the run
+# loop measured (median, last 10 intervals, worst). A benchmark, not a test: the simulator
+# shares the machine with the coordinator (its CPU is printed too), so repeat runs to see the
+# noise. docs/scale.md has figures and what they mean.
+#
+# Usage: scripts/scale-bench.sh [SIZES="100 1000 10000"]
+#   env: VOLUMES=8 DURATION=60s INTERVAL=1s BASE_PORT=20000 KEEP=1 (keep the run directories;
+#   mind the disk: intervals.hlog takes about 2 KB per volume-interval)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sizes=${1:-"100 1000 10000"}
+volumes=${VOLUMES:-8}
+duration=${DURATION:-60s}
+interval=${INTERVAL:-1s}
+base_port=${BASE_PORT:-20000}
+cargo build --release --workspace --bins -q
+bin=target/release
+out=$(mktemp -d -p . scale-bench.XXXX)
+sims=()
+cleanup() {
+  for p in "${sims[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "runs kept in $out" >&2; fi
+}
+trap cleanup EXIT
+
+cat > "$out/plan.toml" <<EOF
+name = "scale"
+duration = "$duration"
+interval = "$interval"
+
+[[role]]
+name = "datanode"
+[role.workload.fio]
+rw = "randrw"
+rwmixread = 70
+bs = "4k"
+iodepth = 2
+size = "1g"
+ioengine = "null"
+EOF
+
+# CPU seconds (user+sys) a live process has used so far.
+cpu_of() { awk -v t="$(getconf CLK_TCK)" '{printf "%.1f", ($14+$15)/t}' "/proc/$1/stat"; }
+
+# Each simulator process holds 2 open files per agent (listener, connection): split a size
+# over processes so each fits the hard limit.
+hard=$(ulimit -Hn)
+per_proc=$(( (hard - 512) / 2 ))
+
+printf '%-7s %-8s %-9s %-8s %-10s %-9s %-10s %-10s %-10s %-8s %s\n' \
+  agents volumes cpu_s us/vol-iv peak_rss first_iv lag_med lag_last10 lag_worst sim_cpu status
+for n in $sizes; do
+  dir="$out/n$n"; mkdir -p "$dir"
+  sims=(); : > "$dir/agents.txt"
+  first=0
+  while [ "$first" -lt "$n" ]; do
+    count=$(( n - first < per_proc ? n - first : per_proc ))
+    "$bin/lockstep-agent" simulate --agents "$count" --volumes "$volumes" \
+      --first-index "$first" --base-port $((base_port + first)) \
+      --addresses "$dir/agents-$first.txt" --seed $((first + 1)) \
+      > "$dir/sim-$first.out" 2> "$dir/sim-$first.err" &
+    sims+=($!)
+    first=$((first + count))
+  done
+  for f in $(seq 0 "$per_proc" $((n - 1))); do
+    until grep -q ready "$dir/sim-$f.out" 2>/dev/null; do
+      kill -0 "${sims[0]}" || { cat "$dir/sim-$f.err" >&2; exit 2; }
+      sleep 0.5
+    done
+    cat "$dir/agents-$f.txt" >> "$dir/agents.txt"
+  done
+  sim_cpu0=0; for p in "${sims[@]}"; do sim_cpu0=$(echo "$sim_cpu0 + $(cpu_of "$p")" | bc); done
+  set +e
+  /usr/bin/time -v -o "$dir/time.txt" "$bin/lockstep" run "$out/plan.toml" \
+    --agents-file "$dir/agents.txt" --output "$dir/run" > "$dir/report.txt" 2> "$dir/live.txt"
+  rc=$?
+  set -e
+  sim_cpu=0; for p in "${sims[@]}"; do sim_cpu=$(echo "$sim_cpu + $(cpu_of "$p")" | bc); done
+  for p in "${sims[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  python3 - "$dir" "$n" "$volumes" "$rc" "$(echo "$sim_cpu - $sim_cpu0" | bc)" <<'PY'
+import json, re, sys, os
+d, n, m, rc, sim_cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+t = open(os.path.join(d, "time.txt")).read()
+num = lambda key: float(re.search(re.escape(key) + r":\s*([\d.]+)", t).group(1))
+cpu = num("User time (seconds)") + num("System time (seconds)")
+rss_mib = num("Maximum resident set size (kbytes)") / 1024
+live = open(os.path.join(d, "live.txt")).read()
+m_lag = re.search(r"interval lag: median (\d+) ms, last 10 intervals (\d+) ms, worst (\d+) ms \(interval \d+\), over (\d+) intervals; first interval complete ([\d.]+) s", live)
+try:
+    r = json.load(open(os.path.join(d, "run", "results.json")))
+    skew = (r.get("start_skew_ns") or 0) / 1e6
+    status = f"{r['status']} {len(r['volumes'])} vols, start skew {skew:.1f} ms"
+except Exception as e:
+    status = f"exit {rc}, no results.json"
+if m_lag:
+    med, last, worst, ivs, first = m_lag.groups()
+    per = cpu / (n * m * int(ivs)) * 1e6
+    row = (f"{n:<7} {m:<8} {cpu:<9.1f} {per:<8.1f} {rss_mib:<10.0f} {first + ' s':<9} "
+           f"{med + ' ms':<10} {last + ' ms':<10} {worst + ' ms':<10} {sim_cpu:<8.1f} {status}")
+else:
+    row = f"{n:<7} {m:<8} {cpu:<9.1f} {'-':<8} {rss_mib:<10.0f} {'-':<9} {'-':<10} {'-':<10} {'-':<10} {sim_cpu:<8.1f} {status}"
+print(row, flush=True)
+PY
+  [ "$rc" -le 1 ] || tail -5 "$dir/live.txt" >&2
+  # intervals.hlog is about 2 KB a volume-interval (1.3 GB for 1,000 x 8 x 60 s): gone at once.
+  [ -n "${KEEP:-}" ] || rm -rf "$dir/run"
+done
