@@ -9,7 +9,7 @@
 #
 # Usage: scripts/scale-bench.sh [SIZES="100 1000 10000"]
 #   env: VOLUMES=8 DURATION=60s INTERVAL=1s BASE_PORT=20000 KEEP=1 (keep the run directories;
-#   mind the disk: intervals.hlog takes about 2 KB per volume-interval)
+#   mind the disk: data/ takes about 2 KB per volume-interval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"100 1000 10000"}
