@@ -491,6 +491,13 @@ struct StateHeader {
 /// A checkpoint record's upper bound: any generation written after the checkpoint.
 const ANY_LATER: u32 = u32::MAX;
 
+/// Whether a clone's state can be saved: a file or device volume is only itself, so there is
+/// no place beside it the agent may write (the run still verifies everything it wrote; only
+/// `lockstep-agent verify` after a restart has nothing to read).
+pub fn state_has_a_place(scope: &Scope) -> bool {
+    !matches!(scope, Scope::Exact(_))
+}
+
 /// Where a clone's state goes: beside its first file, `<job>.<clone>.verify-state`.
 pub fn state_path(first_file: &Path, job: &str, clone: u32) -> PathBuf {
     first_file.with_file_name(format!("{job}.{clone}.verify-state"))

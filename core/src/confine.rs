@@ -50,8 +50,14 @@ impl Scope {
 
     /// Opens `path` with `flags` (`O_*`, `O_CLOEXEC` added) and `mode` for creation.
     pub fn open(&self, path: &Path, flags: i32, mode: u32) -> io::Result<File> {
-        let Scope::Beneath(root) = self else {
-            return open_plain(path, flags, mode).map(File::from);
+        let root = match self {
+            Scope::Beneath(root) => root,
+            // A file or device volume is that one path: nothing beside it is the agent's to
+            // create or write (a state file next to /dev/sdb would land in /dev).
+            Scope::Exact(volume) if path != volume.as_path() => {
+                return Err(not_the_volume(path, volume));
+            }
+            _ => return open_plain(path, flags, mode).map(File::from),
         };
         // O_NONBLOCK so that a FIFO planted in the volume cannot hold the open; it is cleared
         // again once the descriptor is known to be a regular file (io_uring treats it as "never
@@ -110,6 +116,8 @@ impl Scope {
                 }
                 Ok(())
             }
+            // Only a volume file lockstep created itself is ever removed (CreatedFiles).
+            Scope::Exact(volume) if path != volume.as_path() => Err(not_the_volume(path, volume)),
             Scope::Named | Scope::Exact(_) => std::fs::remove_file(path),
         }
     }
@@ -129,7 +137,8 @@ impl Scope {
                 }
                 Ok(())
             }
-            Scope::Named | Scope::Exact(_) => std::fs::rename(from, to),
+            Scope::Exact(volume) => Err(not_the_volume(from, volume)),
+            Scope::Named => std::fs::rename(from, to),
         }
     }
 
@@ -223,6 +232,19 @@ fn outside(path: &Path) -> io::Error {
 fn cstring(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// A file or device volume is that one path: nothing beside it is the agent's to create, write,
+/// rename or remove (a state file next to /dev/sdb would land in /dev).
+fn not_the_volume(path: &Path, volume: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{}: not the agent's to change: the volume {} is a file or device, only itself",
+            path.display(),
+            volume.display()
+        ),
+    )
 }
 
 fn open_plain(path: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
@@ -369,6 +391,26 @@ fn is_link_at(dir: &OwnedFd, name: &CString) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_file_volume_is_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = dir.path().join("vol.img");
+        std::fs::write(&vol, b"x").unwrap();
+        let scope = Scope::Exact(vol.clone());
+        assert!(scope.open(&vol, libc::O_RDWR, 0).is_ok());
+        let beside = dir.path().join("j.0.verify-state");
+        let e = scope
+            .open(&beside, libc::O_WRONLY | libc::O_CREAT, 0o644)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("vol.img"), "{e}");
+        assert!(!beside.exists());
+        std::fs::write(&beside, b"not the agent's").unwrap();
+        assert!(scope.remove(&beside).is_err() && beside.exists());
+        assert!(scope.rename(&vol, &beside).is_err() && vol.exists());
+    }
+
     use super::*;
     use std::os::unix::fs::symlink;
 

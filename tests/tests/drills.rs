@@ -866,3 +866,57 @@ fn mkdir(p: PathBuf) -> PathBuf {
     std::fs::create_dir_all(&p).unwrap();
     p
 }
+
+/// A verifying job on a volume that is one file verifies what it wrote, and nothing appears
+/// beside the file: the agent may write the volume and nothing else (docs/safety.md), so the
+/// state that `lockstep-agent verify` reads after a restart is not saved there.
+#[test]
+fn a_verifying_job_on_a_file_volume_writes_nothing_beside_it() {
+    let _g = serial();
+    let dir = scratch();
+    let home = dir.path().join("volumes");
+    std::fs::create_dir_all(&home).unwrap();
+    let file = home.join("vol.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let (_agent, addr) = start_agent("a1", &file, &[]);
+    let plan = format!(
+        r#"
+name = "verify-file"
+duration = "3s"
+[[agent]]
+name = "a1"
+address = "{addr}"
+[[role]]
+name = "w"
+rate_iops = 1000
+[role.workload.fio]
+rw = "randwrite"
+bs = "4k"
+iodepth = 8
+size = "8m"
+ioengine = "io_uring"
+direct = 1
+verify = "crc32c"
+"#
+    );
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let (o, out) = run_plan(&out_dir, &plan, None, &[]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let r = read_results(&out);
+    let v = &r.verify[0].report;
+    assert!(v.blocks > 0 && v.good == v.blocks, "{v:?}");
+    assert!(v.errors.is_empty(), "{v:?}");
+    let beside: Vec<String> = std::fs::read_dir(&home)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        beside,
+        vec!["vol.img".to_string()],
+        "written beside the volume"
+    );
+}

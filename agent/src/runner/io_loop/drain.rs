@@ -155,7 +155,7 @@ impl IoLoop<'_> {
             } else {
                 verify::check(vstate, &self.files, &names)
             };
-            if let Some(first) = plan.first() {
+            if let Some(first) = plan.first().filter(|f| verify::state_has_a_place(&f.scope)) {
                 let sp = verify::state_path(&first.path, &job.name, self.clone);
                 match verify::save(&first.scope, &sp, &job.name, self.clone, &names, vstate) {
                     Ok(()) => r.state_files.push(absolute(&sp)),

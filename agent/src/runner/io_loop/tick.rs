@@ -92,6 +92,9 @@ impl IoLoop<'_> {
         let Some(first) = self.plan.first() else {
             return;
         };
+        if !verify::state_has_a_place(&first.scope) {
+            return;
+        }
         let job = self.job;
         let path = verify::state_path(&first.path, &job.name, self.clone);
         let names: Vec<String> = self.plan.iter().map(|f| absolute(&f.path)).collect();
