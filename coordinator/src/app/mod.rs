@@ -472,7 +472,7 @@ pub(crate) async fn run_resolved(
         .data
         .iter()
         .filter_map(|d| d.error.as_ref())
-        .map(|e| format!("{}: {e}", data_dir.display()))
+        .map(|e| format!("the data files ({}): {e}", data_dir.display()))
         .collect();
     crate::analysis::drill::collect_finals(&mut results);
     results.objectives = crate::analysis::objectives::evaluate(assignment, &results);

@@ -141,17 +141,15 @@ pub async fn execute(
         .max()
         .unwrap_or_default();
     let interval_ms = spec.interval.as_millis().max(1) as u64;
-    let store = match data_dir {
-        Some(dir) => Some(
-            StoreWriter::create(dir, &manifest(interval_ms, &infos)).map_err(|source| {
-                RunError::Io {
-                    what: dir.display().to_string(),
-                    source,
-                }
-            })?,
-        ),
-        None => None,
-    };
+    // A results disk that is full or failing does not stop the run: its measurements still
+    // reach the report (on stdout), the timeline stays in memory, and the error is named at
+    // the end.
+    let mut store_error = None;
+    let store = data_dir.and_then(|dir| {
+        StoreWriter::create(dir, &manifest(interval_ms, &infos))
+            .inspect_err(|e| store_error = Some(format!("{}: {e}", dir.display())))
+            .ok()
+    });
     let planned = (total.as_millis() as u64).div_ceil(interval_ms);
     let mut streams = Streams {
         tracks,
@@ -204,6 +202,12 @@ pub async fn execute(
     if let (Some(store), Some(dir)) = (store, data_dir) {
         results.data = Some(finish_store(store, dir, keep.fold, &results));
         read_back_timeline(dir, &keep, &mut results);
+    }
+    if let Some(error) = store_error {
+        results.data = Some(DataFiles {
+            error: Some(error),
+            ..Default::default()
+        });
     }
     Ok(results)
 }
