@@ -6,7 +6,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::analysis::chokepoint::{self, AnalysisOptions};
 use crate::orchestrate::layout::{self, LayoutProgress};
@@ -166,11 +166,13 @@ impl RunObserver for LiveView {
         };
         if p.finished {
             // Back to the run's own bar: seconds of the run, from zero.
-            bar.set_style(run_style());
-            bar.set_length(self.total.as_secs().max(1));
-            bar.set_position(0);
+            // Not drawn while it changes over, so no frame mixes bytes and seconds.
+            bar.set_draw_target(ProgressDrawTarget::hidden());
             bar.set_message("");
-            bar.reset_elapsed();
+            bar.reset();
+            bar.set_length(self.total.as_secs().max(1));
+            bar.set_style(run_style());
+            bar.set_draw_target(ProgressDrawTarget::stderr());
             self.bar_on_layout = false;
             bar.println(format!("lockstep: {}", layout::line(p)));
             return;
