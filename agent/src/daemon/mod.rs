@@ -560,8 +560,13 @@ fn shown_id(id: &str) -> String {
 
 /// iodepth x numjobs summed over a volume's jobs, saturating: each is up to u32::MAX (their
 /// bounds are the job file's business), and an overflow here panicked the whole Prepare.
+/// Jobs that idle by design leave their depth unfilled and are left out: think time between
+/// bursts (a WIJ's write-daemon cycle) or an fsync/fdatasync after their writes (a journal,
+/// whose time in the sync is no IO in flight). Counting them made the coordinator's
+/// Little's-law check blame the load generator for a workload doing what it was told.
 fn configured_depth(jobs: &[JobSpec]) -> u32 {
     jobs.iter()
+        .filter(|j| j.thinktime.is_zero() && j.fsync == 0 && j.fdatasync == 0)
         .map(|j| j.iodepth.saturating_mul(j.numjobs))
         .fold(0u32, u32::saturating_add)
 }
@@ -1367,6 +1372,28 @@ mod tests {
             configured_depth(&[job(1 << 31, 1), job(1 << 31, 1)]),
             u32::MAX
         );
+    }
+
+    /// Found running examples/iris-pair.toml: the WIJ (bursts, then think time) and the journal
+    /// (fdatasync after every write) keep few IOs in flight by design, and the run said "the
+    /// load generator is the limit" for them. Such jobs configure no depth to fill.
+    #[test]
+    fn jobs_that_idle_by_design_configure_no_depth() {
+        let job = |f: &dyn Fn(&mut JobSpec)| {
+            let mut j = JobSpec::with_defaults("j", crate::job::Origin::default());
+            j.iodepth = 16;
+            f(&mut j);
+            j
+        };
+        let wij = job(&|j| {
+            j.thinktime = Duration::from_secs(2);
+            j.thinktime_blocks = 256;
+        });
+        let journal = job(&|j| j.fdatasync = 1);
+        let fsynced = job(&|j| j.fsync = 8);
+        let plain = job(&|_| {});
+        assert_eq!(configured_depth(&[wij, journal, fsynced.clone()]), 0);
+        assert_eq!(configured_depth(&[plain, fsynced]), 16);
     }
 
     /// A run that panics (the gRPC fuzz test drove a clone into an allocation failure, which
