@@ -497,10 +497,10 @@ mod tests {
             .collect();
         let len = 1 << 20;
         let mut bytes = [0u64; 4];
-        // As the runner does: an IO asks at its volume's "now", is charged at once at the
-        // instant it was admitted (a reservation, possibly in the future), and the volume's
-        // next IO asks once that one has gone (one IO in flight per volume).
-        let mut next = [0u64; 4];
+        // As the runner does: an IO asks at its volume's "now" and is charged at once at the
+        // instant it was admitted (a reservation, possibly in the future); a volume keeps up
+        // to 4 IOs waiting or in flight (iodepth=4; an IO is done once it has gone).
+        let mut pending: [Vec<u64>; 4] = Default::default();
         let (mut t, mut tick) = (0, 0);
         while t < 5 * S {
             sim.store(t, std::sync::atomic::Ordering::Relaxed);
@@ -511,7 +511,8 @@ mod tests {
                 let Some(vt) = t.checked_sub(i as u64 * S / 10) else {
                     continue;
                 };
-                if vt < next[i] {
+                pending[i].retain(|&at| at > vt);
+                if pending[i].len() >= 4 {
                     continue;
                 }
                 let at = match gates[i].admit(vt, Direction::Write, len) {
@@ -519,7 +520,7 @@ mod tests {
                     Admission::At(x) => x,
                 };
                 gates[i].charge(at, Direction::Write, len);
-                next[i] = at;
+                pending[i].push(at);
                 // Counted by when it goes on the agent's clock, over 4 s once all have begun.
                 let on_agent = at + i as u64 * S / 10;
                 if (3 * S / 10..4 * S + 3 * S / 10).contains(&on_agent) {
