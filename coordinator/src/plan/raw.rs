@@ -53,6 +53,16 @@ pub(super) struct RawRole {
     /// Signed, so a 0 or a negative value gets lockstep's message rather than serde's.
     pub depth_sweep: Option<Spanned<Vec<i64>>>,
     pub sweep_over: Option<Spanned<String>>,
+    /// `sweep = { over = "volumes", values = [4, 5, 6] }`.
+    pub sweep: Option<Spanned<RawSweep>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSweep {
+    pub over: String,
+    /// Signed, so a 0 or a negative value gets lockstep's message rather than serde's.
+    pub values: Vec<i64>,
 }
 
 #[derive(Debug, Deserialize)]
