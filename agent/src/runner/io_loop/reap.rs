@@ -31,7 +31,13 @@ impl IoLoop<'_> {
                 (!self.sync_pending && !self.exhausted)
                     .then_some([self.next_intended, self.not_before]),
                 self.gated.front().map(|g| g.0),
-                self.held.iter().map(|h| h.0).min(),
+                self.held
+                    .iter()
+                    .map(|h| h.0)
+                    .chain(
+                        (!self.mirror_held.is_empty()).then(|| Instant::now() + super::MIRROR_POLL),
+                    )
+                    .min(),
                 self.last_progress.map(|t| t + self.drain_limit),
             );
             reap_until_due(
@@ -123,6 +129,23 @@ impl IoLoop<'_> {
         if let Some(d) = self.due(&slot, t_done).filter(|_| !stopping_now) {
             self.held.push((d, c));
             return;
+        }
+        if slot.mirror_seq > 0 {
+            let took = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
+            if let Some(m) = self.mirror.as_mut() {
+                m.finished(slot.mirror_seq, took, t_done);
+            }
+        } else if slot.dir == Direction::Write && c.result > 0 && !stopping_now {
+            if let Some(m) = self.mirror.as_mut() {
+                let local = t_done.saturating_duration_since(slot.submitted).as_nanos() as u64;
+                if let Some(seq) = m.written(slot.offset, c.result as u32, local, t_done) {
+                    if let Some(s) = self.slots[c.tag as usize].as_mut() {
+                        s.mirror_seq = seq;
+                    }
+                    self.mirror_held.push_back((seq, c));
+                    return;
+                }
+            }
         }
         self.slots[c.tag as usize] = None;
         self.free.push(c.tag);
