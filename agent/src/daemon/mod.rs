@@ -892,7 +892,12 @@ pub async fn serve(
         let m = service.metrics();
         tokio::spawn(async move { metrics::serve(l, m).await });
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // No Nagle on accepted connections: a mirror's acks and the interval reports are small
+    // messages, and Nagle's wait for the peer's delayed ACK added milliseconds to each.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
+    );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
