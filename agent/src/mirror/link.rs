@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
@@ -68,6 +68,8 @@ struct Link {
     cfg: LinkConfig,
     state: Mutex<State>,
     released: AtomicU64,
+    /// Notified when `released` moves (an ack, a fail-over), for `wait_released`.
+    moved: Condvar,
     done: AtomicBool,
 }
 
@@ -124,6 +126,7 @@ impl Link {
             self.released.fetch_max(last.seq, Ordering::Release);
         }
         st.pending.clear();
+        self.moved.notify_all();
         tracing::warn!(
             "mirror to {}: no ack for {:.1}s: failed over to async at t={:.1}s",
             self.cfg.backup_agent,
@@ -180,6 +183,7 @@ impl Link {
             }
         }
         self.released.fetch_max(ack.seq, Ordering::Release);
+        self.moved.notify_all();
     }
 
     fn link_down(&self, why: String) {
@@ -214,6 +218,7 @@ impl MirrorLink {
                 stats: MirrorStats::default(),
             }),
             released: AtomicU64::new(0),
+            moved: Condvar::new(),
             done: AtomicBool::new(false),
         });
         let (to_sender, from_loop) = mpsc::channel();
@@ -259,6 +264,18 @@ impl MirrorHook for MirrorLink {
     #[inline]
     fn released(&self) -> u64 {
         self.link.released.load(Ordering::Acquire)
+    }
+
+    fn wait_released(&self, seq: u64, until: Instant) {
+        let link = &self.link;
+        let mut st = link.state.lock().unwrap();
+        loop {
+            let now = Instant::now();
+            if link.released.load(Ordering::Acquire) >= seq || now >= until {
+                return;
+            }
+            st = link.moved.wait_timeout(st, until - now).unwrap().0;
+        }
     }
 
     fn finished(&mut self, seq: u64, total_ns: u64, at: Instant) {

@@ -80,6 +80,9 @@ pub trait MirrorHook: Send {
     fn written(&mut self, offset: u64, len: u32, local_ns: u64, done: Instant) -> Option<u64>;
     /// Every held write up to this sequence number may complete.
     fn released(&self) -> u64;
+    /// Sleeps until `released() >= seq` or `until`: the loop's wait when only writes held for
+    /// the mirror are in flight, woken by the ack itself rather than by polling.
+    fn wait_released(&self, seq: u64, until: Instant);
     /// The held write `seq` completed for the job at `at`, `total_ns` after it was ready.
     fn finished(&mut self, seq: u64, total_ns: u64, at: Instant);
 }

@@ -62,9 +62,10 @@ pub(super) struct Slot {
     mirror_seq: u64,
 }
 
-/// How long the loop may sleep while writes wait for their mirror's ack: the ack arrives on
-/// another thread, and this bounds how late the loop sees it (about half of it on average,
-/// against a cross-zone round trip of ~1 ms).
+/// How long the loop may sleep in the engine's wait while writes wait for their mirror's ack
+/// and other IOs are at the device: the ack arrives on another thread, and this bounds how
+/// late the loop sees it. With only mirror-held writes in flight the loop sleeps on the link
+/// instead, which the ack wakes (`MirrorHook::wait_released`).
 const MIRROR_POLL: Duration = Duration::from_micros(20);
 
 /// How often a verifying clone checkpoints its state (see `verify::save_checkpoint`).

@@ -24,22 +24,25 @@ impl IoLoop<'_> {
             }
         } else {
             self.woke = true;
-            let wake = due_wake(
+            let mut wake = due_wake(
                 stopping,
                 self.next_tick,
                 self.deadline,
                 (!self.sync_pending && !self.exhausted)
                     .then_some([self.next_intended, self.not_before]),
                 self.gated.front().map(|g| g.0),
-                self.held
-                    .iter()
-                    .map(|h| h.0)
-                    .chain(
-                        (!self.mirror_held.is_empty()).then(|| Instant::now() + super::MIRROR_POLL),
-                    )
-                    .min(),
+                self.held.iter().map(|h| h.0).min(),
                 self.last_progress.map(|t| t + self.drain_limit),
             );
+            if let (Some(m), Some(&(seq, _))) = (self.mirror.as_ref(), self.mirror_held.front()) {
+                if self.inflight == self.mirror_held.len() && self.completions.is_empty() {
+                    // Nothing at the device: sleep until the ack (the link wakes the loop).
+                    m.wait_released(seq, wake);
+                    return;
+                }
+                // IOs at the device too: the engine's wait, bounded so the ack is seen soon.
+                wake = wake.min(Instant::now() + super::MIRROR_POLL);
+            }
             reap_until_due(
                 &mut *self.engine,
                 &mut self.completions,
