@@ -75,8 +75,8 @@ pub struct CloneFaults {
 /// mode its completion waits until the mirror releases its sequence number (the backup's ack,
 /// or a fail-over). Only an atomic load per pass while writes wait, so the loop stays cheap.
 pub trait MirrorHook: Send {
-    /// A write of `len` bytes at `offset` finished locally at `done` after `local_ns` at the
-    /// device. `Some(seq)`: the IO completes only once `released() >= seq`.
+    /// A write of `len` bytes at `offset` finished locally at `done`, `local_ns` after it was
+    /// ready (fio's lat: submission and completion). `Some(seq)`: the IO completes only once `released() >= seq`.
     fn written(&mut self, offset: u64, len: u32, local_ns: u64, done: Instant) -> Option<u64>;
     /// Every held write up to this sequence number may complete.
     fn released(&self) -> u64;

@@ -25,7 +25,7 @@ pub struct MirrorRole {
     /// Writes completed without the backup's ack (after a fail-over, with the link down, or a
     /// failed write on the backup).
     pub unmirrored: u64,
-    /// Per acknowledged write: submission to local completion.
+    /// Per acknowledged write: ready to local completion (fio's lat of the local write).
     pub local: LatSummary,
     /// Per acknowledged write: local completion to the ack, minus the backup's write (the
     /// injected delay included).

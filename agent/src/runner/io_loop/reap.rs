@@ -140,7 +140,8 @@ impl IoLoop<'_> {
             }
         } else if slot.dir == Direction::Write && c.result > 0 && !stopping_now {
             if let Some(m) = self.mirror.as_mut() {
-                let local = t_done.saturating_duration_since(slot.submitted).as_nanos() as u64;
+                // The local write as fio's lat counts it: submission and completion.
+                let local = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
                 if let Some(seq) = m.written(slot.offset, c.result as u32, local, t_done) {
                     if let Some(s) = self.slots[c.tag as usize].as_mut() {
                         s.mirror_seq = seq;
