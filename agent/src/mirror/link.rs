@@ -64,6 +64,20 @@ struct State {
     stats: MirrorStats,
 }
 
+impl State {
+    /// Async mode: writes sent on a stream that broke (or was still open at the end) will
+    /// never be acknowledged; they count as unmirrored. (Sync mode leaves them to the
+    /// fail-over or the end of the run, which complete them for the job.)
+    fn drop_unacked_async(&mut self, sync: bool) {
+        if !sync {
+            for _ in 0..self.pending.len() {
+                self.stats.completed_unmirrored();
+            }
+            self.pending.clear();
+        }
+    }
+}
+
 struct Link {
     cfg: LinkConfig,
     state: Mutex<State>,
@@ -189,6 +203,7 @@ impl Link {
     fn link_down(&self, why: String) {
         let mut st = self.state.lock().unwrap();
         st.tx = None;
+        st.drop_unacked_async(self.cfg.sync);
         if !self.done.load(Ordering::Relaxed) {
             st.stats.link_error = why;
         }
@@ -298,6 +313,7 @@ impl Drop for MirrorLink {
         }
         let mut st = self.link.state.lock().unwrap();
         st.tx = None;
+        st.drop_unacked_async(self.link.cfg.sync);
         let end = self.link.since_start(Instant::now());
         st.stats.end(end);
         self.sink.lock().unwrap().merge(&st.stats);
