@@ -54,6 +54,7 @@ tally=()
 scenario moderate-fail-slow 6 volume:agent-4/data "$runs"
 scenario intermittent-fail-slow 6 volume:agent-4/data "$runs"
 scenario node-limit 3x4 node:agent-2 "$runs"
+scenario eio-continue 6 volume:agent-4/data "$runs"
 for _ in $(seq 1 "$(nproc)"); do sh -c 'while :; do :; done' & busy+=($!); done
 scenario clean 6 clean "$clean"
 printf '%s\n' "${tally[@]}"

@@ -466,6 +466,27 @@ impl LayoutProgress for NoProgress {
     fn finish(&self) {}
 }
 
+/// The bytes `lay_out(files, true, ..)` will write: what the files lack of their planned
+/// length (block devices and files long enough already need nothing). Known before the layout
+/// starts, so progress has its total from the first byte, even over several volumes.
+pub fn bytes_to_fill(files: &[PlannedFile]) -> u64 {
+    let mut unique: BTreeMap<&Path, u64> = BTreeMap::new();
+    for f in files.iter().filter(|f| !f.is_block_device) {
+        let e = unique.entry(&f.path).or_insert(0);
+        *e = (*e).max(f.min_len);
+    }
+    let scope_of = |p: &Path| files.iter().find(|f| f.path == p).map(|f| &f.scope);
+    unique
+        .into_iter()
+        .map(|(path, min_len)| {
+            let current = scope_of(path)
+                .and_then(|s| s.metadata(path).ok().flatten())
+                .map_or(0, |m| m.len());
+            min_len.saturating_sub(current)
+        })
+        .sum()
+}
+
 /// Makes sure every planned file exists and is long enough. Files that a job reads get real
 /// data (reading holes measures nothing); write-only files are allocated without writing.
 /// Files shared by several clones are laid out once.
@@ -563,11 +584,13 @@ fn extend_file(
         return Ok(());
     }
     const CHUNK: usize = 1 << 20;
+    const SYNC_EVERY: u64 = 64 << 20;
     let mut buf = vec![0u8; CHUNK];
     fill_pseudo_random(&mut buf, f.path.as_os_str().len() as u64 ^ 0x5eed);
     file.seek(SeekFrom::Start(current))
         .map_err(|e| io_err(&f.path, "seek", e))?;
     let mut pos = current;
+    let mut unsynced = 0u64;
     while pos < f.min_len {
         if progress.stopped() {
             return Err(LayoutError::Stopped {
@@ -580,6 +603,14 @@ fn extend_file(
         file.write_all(&buf[..n])
             .map_err(|e| io_err(&f.path, "write (layout)", e))?;
         pos += n as u64;
+        unsynced += n as u64;
+        // Flush as we go: otherwise the page cache takes gigabytes at memory speed, progress
+        // reaches 100% and then stands still for the whole final fsync.
+        if unsynced >= SYNC_EVERY {
+            file.sync_data()
+                .map_err(|e| io_err(&f.path, "fsync (layout)", e))?;
+            unsynced = 0;
+        }
         progress.advance(n as u64);
     }
     file.sync_all()
@@ -718,6 +749,52 @@ mod tests {
         assert!(created.remove_all().is_empty());
         assert!(!dir.path().join("t.0.0").exists());
         assert!(keep.exists(), "a pre-existing file must never be removed");
+    }
+
+    /// Counts what a layout reports, as the agent daemon does for `LayoutStatus`.
+    #[derive(Default)]
+    struct Count {
+        total: std::sync::atomic::AtomicU64,
+        done: std::sync::atomic::AtomicU64,
+    }
+    impl LayoutProgress for Count {
+        fn start(&self, total: u64) {
+            self.total
+                .fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn advance(&self, bytes: u64) {
+            self.done
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn finish(&self) {}
+    }
+
+    /// The total known before a layout is what the layout then writes: a shared file counts
+    /// once, at its longest, and what an existing file already has counts for nothing.
+    #[test]
+    fn bytes_to_fill_is_what_the_layout_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t.0.1"), vec![1u8; 1 << 20]).unwrap();
+        let mut j = job(dir.path());
+        j.overwrite = true; // lets the layout grow the existing file
+        let mut files = plan_files(&j, 0).unwrap();
+        // Another clone's view of the first file, shorter: must not count twice.
+        let mut shorter = files[0].clone();
+        shorter.min_len = 1 << 20;
+        files.push(shorter);
+        let expected = bytes_to_fill(&files);
+        assert_eq!(expected, (4 << 20) + (3 << 20));
+        let count = Count::default();
+        let mut created = CreatedFiles::default();
+        lay_out(&files, true, false, &mut created, &count).unwrap();
+        let done = count.done.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(done, expected);
+        assert_eq!(
+            count.total.load(std::sync::atomic::Ordering::Relaxed),
+            expected
+        );
+        assert_eq!(bytes_to_fill(&files), 0, "laid out: nothing left to write");
+        created.remove_all();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -49,6 +49,34 @@ impl LayoutProgress for LayoutBar {
     fn finish(&self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// Bytes a layout has written and will write in all, for whoever asks from another thread (the
+/// agent daemon's `LayoutStatus`, answered while Prepare is still laying out).
+#[derive(Debug, Default)]
+pub struct LayoutCount {
+    pub done: AtomicU64,
+    /// Set before the layout starts (`runner::layout_bytes`), so it does not grow as volume
+    /// after volume starts its own layout.
+    pub total: AtomicU64,
+    pub finished: AtomicBool,
+}
+
+impl LayoutCount {
+    /// (done, total, finished); the total is never below what was done.
+    pub fn snapshot(&self) -> (u64, u64, bool) {
+        let finished = self.finished.load(Ordering::Acquire);
+        let done = self.done.load(Ordering::Relaxed);
+        (done, self.total.load(Ordering::Relaxed).max(done), finished)
+    }
+}
+
+impl LayoutProgress for Arc<LayoutCount> {
+    fn start(&self, _total_bytes: u64) {}
+    fn advance(&self, bytes: u64) {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn finish(&self) {}
 }
 
 /// Layout progress that also says when to stop: `stop` is the run's stop flag (Ctrl-C,

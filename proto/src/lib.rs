@@ -16,6 +16,12 @@ pub mod v1 {
 /// messages (`VolumeWork.faults`); a v1 peer's `faults_json` would be dropped unread.
 /// Not bumped when histograms moved from deflate to stored blocks: both framings carry the
 /// same cookie and every decoder of v2 (lockstep's, the hdrhistogram crate's) reads both.
+/// Not bumped when `LayoutStatus` was added: an older agent answers UNIMPLEMENTED, which the
+/// coordinator takes as "no layout progress from this agent", and an older coordinator never
+/// asks.
+/// Not bumped for the `instance` fault (a new member of `Fault.kind`): an older agent sees no
+/// kind it knows and refuses the fault on receipt ("kind is missing"), so it never runs a plan
+/// without the limit it asked for.
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The refusal both sides print on version skew.

@@ -1,6 +1,6 @@
 //! The chokepoint finder on real local runs of the moderate cases real fleets have: a volume
-//! 1.45x slower than its five peers, one that is 2x slow for 5 s of every 7, and a clean run
-//! beside a busy process (no blame). The plans are the examples in examples/chokepoint/;
+//! 1.45x slower than its five peers, one that is 2x slow for 5 s of every 7, one that fails 2% of
+//! its IOs under fio's `continue_on_error=all`, and a clean run beside a busy process (no blame). The plans are the examples in examples/chokepoint/;
 //! `scripts/chokepoint-real.sh` runs each of them many times for the figures in
 //! docs/chokepoint.md.
 
@@ -73,6 +73,37 @@ fn an_intermittently_slow_volume_is_held_across_its_good_spells() {
     assert_eq!((v.node.as_str(), v.volume.as_str()), ("agent-4", "data"));
     assert!(slow_kind(v.kind), "{:?}", v.kind);
     assert!((8_000..=12_000).contains(&v.onset_ms), "{}", v.onset_ms);
+}
+
+/// fio's `continue_on_error=all` keeps the erroring volume's job running, so the finder sees
+/// errors interval after interval on one volume and names it as erroring from the fault's start;
+/// the run itself completes (an error drill, not a failed run).
+#[test]
+fn a_volume_that_keeps_failing_under_continue_on_error_is_named_as_erroring() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (r, text) = run(
+        include_str!("../../examples/chokepoint/eio-continue.toml"),
+        "6",
+    );
+    let v = volume_verdict(&r, &text);
+    assert_eq!((v.node.as_str(), v.volume.as_str()), ("agent-4", "data"));
+    assert_eq!(v.kind, ChokepointKind::Erroring, "{text}");
+    assert!((9_000..=12_000).contains(&v.onset_ms), "{}", v.onset_ms);
+    let c = r.chokepoint.as_ref().unwrap();
+    assert!(
+        c.also
+            .iter()
+            .all(|x| !matches!(x, Verdict::Volume(_) | Verdict::Node(_))),
+        "only agent-4 is to blame: {:?}",
+        c.also
+    );
+    let errors: u64 = r
+        .volumes
+        .iter()
+        .filter(|x| x.node != "agent-4")
+        .map(|x| x.summary.total.errors)
+        .sum();
+    assert_eq!(errors, 0, "no other volume had an error");
 }
 
 /// One busy loop per core beside the run, for as long as it lives.

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
-    HelloRequest, MirrorAck, MirrorWrite, PrepareReply, PrepareRequest, RunEvent, StartRequest,
-    Volume, VolumeInterval,
+    HelloRequest, LayoutStatusReply, LayoutStatusRequest, MirrorAck, MirrorWrite, PrepareReply,
+    PrepareRequest, RunEvent, StartRequest, Volume, VolumeInterval,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -40,6 +40,7 @@ use tonic::{Request, Response, Status};
 use crate::fault::FaultSpec;
 use crate::job::JobSpec;
 use crate::jobfile;
+use crate::progress::LayoutCount;
 use crate::runner::{self, PreparedRun, RunOptions};
 use crate::stats::DirStats;
 use aggregate::{VolumeEvents, unix_ns};
@@ -237,6 +238,9 @@ struct Shared {
     /// The run being laid out (Prepare is still working) and its stop flag: an abort or a
     /// shutdown during a layout of gigabytes stops it between chunks.
     preparing: Mutex<Option<(String, Arc<AtomicBool>)>>,
+    /// The latest layout's run and byte counts, kept after it ends so that a `LayoutStatus`
+    /// asked just after Prepare answered still finds it.
+    layout: Mutex<Option<(String, Arc<LayoutCount>)>>,
     /// Set once the agent is shutting down (SIGTERM, SIGINT, its parent gone): no new layout
     /// or run may begin.
     shutting_down: AtomicBool,
@@ -345,6 +349,7 @@ impl AgentService {
                 cut_off: Arc::new(agent_faults::CutOff::default()),
                 last_run: Mutex::new(None),
                 preparing: Mutex::new(None),
+                layout: Mutex::new(None),
                 shutting_down: AtomicBool::new(false),
             }),
         }
@@ -387,6 +392,7 @@ impl AgentService {
         cfg: &DaemonConfig,
         req: &PrepareRequest,
         stop: &Arc<AtomicBool>,
+        count: &Arc<LayoutCount>,
     ) -> Result<Vec<PreparedVolume>, String> {
         let checked = req
             .work
@@ -404,10 +410,12 @@ impl AgentService {
                 e.to_string()
             }
         })?;
+        let total = checked.iter().map(|c| runner::layout_bytes(&c.jobs)).sum();
+        count.total.store(total, Ordering::Relaxed);
         let mut out: Vec<PreparedVolume> = Vec::new();
         let mut failure = None;
         for volume in checked {
-            match Self::lay_out_volume(cfg, volume, stop) {
+            match Self::lay_out_volume(cfg, volume, stop, count) {
                 Ok(prepared) => out.push(prepared),
                 Err(e) => {
                     failure = Some(e);
@@ -492,6 +500,7 @@ impl AgentService {
         cfg: &DaemonConfig,
         checked: CheckedVolume<'_>,
         stop: &Arc<AtomicBool>,
+        count: &Arc<LayoutCount>,
     ) -> Result<PreparedVolume, String> {
         let CheckedVolume {
             work,
@@ -502,7 +511,7 @@ impl AgentService {
         let opts = RunOptions {
             allow_block_devices: cfg.allow_block_devices,
             layout_progress: Box::new(crate::progress::Stoppable {
-                inner: crate::layout::NoProgress,
+                inner: count.clone(),
                 stop: stop.clone(),
             }),
             ..RunOptions::default()
@@ -562,8 +571,13 @@ fn shown_id(id: &str) -> String {
 
 /// iodepth x numjobs summed over a volume's jobs, saturating: each is up to u32::MAX (their
 /// bounds are the job file's business), and an overflow here panicked the whole Prepare.
+/// Jobs that idle by design leave their depth unfilled and are left out: think time between
+/// bursts (a WIJ's write-daemon cycle) or an fsync/fdatasync after their writes (a journal,
+/// whose time in the sync is no IO in flight). Counting them made the coordinator's
+/// Little's-law check blame the load generator for a workload doing what it was told.
 fn configured_depth(jobs: &[JobSpec]) -> u32 {
     jobs.iter()
+        .filter(|j| j.thinktime.is_zero() && j.fsync == 0 && j.fdatasync == 0)
         .map(|j| j.iodepth.saturating_mul(j.numjobs))
         .fold(0u32, u32::saturating_add)
 }
@@ -666,6 +680,8 @@ impl Agent for AgentService {
             }
             *preparing = Some((req.run_id.clone(), stop.clone()));
         }
+        let count = Arc::new(LayoutCount::default());
+        *self.shared.layout.lock().unwrap() = Some((req.run_id.clone(), count.clone()));
         self.shared.metrics.set_state(1);
         // A coordinator that goes away mid-layout drops this call: stop the layout then (its
         // files are removed), for nobody is left to start or abort the run.
@@ -673,9 +689,10 @@ impl Agent for AgentService {
         let shared = self.shared.clone();
         let result = tokio::task::spawn_blocking(move || {
             let laid_out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                AgentService::prepare_volumes(&shared.cfg, &req, &stop)
+                AgentService::prepare_volumes(&shared.cfg, &req, &stop, &count)
             }))
             .unwrap_or_else(|_| Err("prepare panicked".into()));
+            count.finished.store(true, Ordering::Release);
             shared.prepared(req, laid_out)
         })
         .await;
@@ -690,6 +707,28 @@ impl Agent for AgentService {
                 warnings: Vec::new(),
             })),
             Err(e) => Err(Status::internal(format!("prepare failed: {e}"))),
+        }
+    }
+
+    async fn layout_status(
+        &self,
+        req: Request<LayoutStatusRequest>,
+    ) -> Result<Response<LayoutStatusReply>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version)?;
+        match &*self.shared.layout.lock().unwrap() {
+            Some((run_id, count)) if *run_id == req.run_id => {
+                let (bytes_done, bytes_total, finished) = count.snapshot();
+                Ok(Response::new(LayoutStatusReply {
+                    bytes_done,
+                    bytes_total,
+                    finished,
+                }))
+            }
+            _ => Err(Status::not_found(format!(
+                "no layout of run {} on this agent",
+                shown_id(&req.run_id)
+            ))),
         }
     }
 
@@ -1187,9 +1226,14 @@ mod tests {
             ("a", "[j]\nrw=read\nsize=1m\n".into()),
             ("b", "[j]\nrw=write\nsize=1p\n".into()),
         ]);
-        let e = AgentService::prepare_volumes(&cfg, &req, &Arc::new(AtomicBool::new(false)))
-            .err()
-            .expect("refused");
+        let e = AgentService::prepare_volumes(
+            &cfg,
+            &req,
+            &Arc::new(AtomicBool::new(false)),
+            &Default::default(),
+        )
+        .err()
+        .expect("refused");
         assert!(
             e.starts_with("volume 'b': the files to lay out need"),
             "{e}"
@@ -1200,6 +1244,32 @@ mod tests {
             "a was left laid out"
         );
         assert_eq!(std::fs::read_dir(b.path()).unwrap().count(), 0);
+    }
+
+    /// `LayoutStatus`'s counts: the total over every volume is known before the first byte
+    /// (it does not grow volume by volume), and a finished layout has written all of it.
+    /// Write-only files are allocated, not written, and count for nothing.
+    #[test]
+    fn the_layout_count_covers_every_volume_from_the_start() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let cfg = config(&[("a", a.path()), ("b", b.path())]);
+        let req = request(&[
+            ("a", "[j]\nrw=read\nsize=3m\n".into()),
+            (
+                "b",
+                "[j]\nrw=randread\nsize=2m\nnumjobs=2\n[w]\nrw=write\nsize=8m\n".into(),
+            ),
+        ]);
+        let count = Arc::new(LayoutCount::default());
+        let mut volumes =
+            AgentService::prepare_volumes(&cfg, &req, &Arc::new(AtomicBool::new(false)), &count)
+                .unwrap();
+        let (done, total, _) = count.snapshot();
+        assert_eq!((done, total), (7 << 20, 7 << 20));
+        for v in &mut volumes {
+            v.run.discard(false);
+        }
     }
 
     /// The memory estimate covers every volume of the agent together: each of these needs
@@ -1216,12 +1286,23 @@ mod tests {
         let job = format!("[j]\nioengine=null\nrw=read\nsize=1m\nbs=16m\niodepth={depth}\n");
         let alone = request(&[("a", job.clone())]);
         assert!(
-            AgentService::prepare_volumes(&cfg, &alone, &Arc::new(AtomicBool::new(false))).is_ok()
+            AgentService::prepare_volumes(
+                &cfg,
+                &alone,
+                &Arc::new(AtomicBool::new(false)),
+                &Default::default()
+            )
+            .is_ok()
         );
         let both = request(&[("a", job.clone()), ("b", job)]);
-        let e = AgentService::prepare_volumes(&cfg, &both, &Arc::new(AtomicBool::new(false)))
-            .err()
-            .expect("refused");
+        let e = AgentService::prepare_volumes(
+            &cfg,
+            &both,
+            &Arc::new(AtomicBool::new(false)),
+            &Default::default(),
+        )
+        .err()
+        .expect("refused");
         assert!(
             e.contains("of memory") && e.contains("available (MemAvailable)"),
             "{e}"
@@ -1330,6 +1411,28 @@ mod tests {
             configured_depth(&[job(1 << 31, 1), job(1 << 31, 1)]),
             u32::MAX
         );
+    }
+
+    /// Found running examples/iris-pair.toml: the WIJ (bursts, then think time) and the journal
+    /// (fdatasync after every write) keep few IOs in flight by design, and the run said "the
+    /// load generator is the limit" for them. Such jobs configure no depth to fill.
+    #[test]
+    fn jobs_that_idle_by_design_configure_no_depth() {
+        let job = |f: &dyn Fn(&mut JobSpec)| {
+            let mut j = JobSpec::with_defaults("j", crate::job::Origin::default());
+            j.iodepth = 16;
+            f(&mut j);
+            j
+        };
+        let wij = job(&|j| {
+            j.thinktime = Duration::from_secs(2);
+            j.thinktime_blocks = 256;
+        });
+        let journal = job(&|j| j.fdatasync = 1);
+        let fsynced = job(&|j| j.fsync = 8);
+        let plain = job(&|_| {});
+        assert_eq!(configured_depth(&[wij, journal, fsynced.clone()]), 0);
+        assert_eq!(configured_depth(&[plain, fsynced]), 16);
     }
 
     /// A run that panics (the gRPC fuzz test drove a clone into an allocation failure, which

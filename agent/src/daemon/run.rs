@@ -129,6 +129,18 @@ impl ActiveRun {
         fault_events: &mut Vec<FaultEvent>,
     ) -> Vec<VolumeResult> {
         let agent_wide = agent_faults::collect(volumes.iter().map(|v| v.faults.as_slice()));
+        // The agent's clock for shared gates: ns since the synchronized start.
+        let start = Instant::now()
+            + self
+                .setup
+                .start_at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+        let clock: crate::fault::AgentClock =
+            Arc::new(move || Instant::now().saturating_duration_since(start).as_nanos() as u64);
+        let instances =
+            crate::fault::instance_gates(volumes.iter().map(|v| v.faults.as_slice()), clock);
+        let instances = &instances;
         let volume_paths = self.volume_paths(&volumes);
         std::thread::scope(|scope| {
             scope.spawn(|| self.watchdog());
@@ -155,7 +167,12 @@ impl ActiveRun {
                 .collect();
             let handles: Vec<_> = volumes
                 .into_iter()
-                .map(|v| (v.name.clone(), scope.spawn(move || self.run_volume(v))))
+                .map(|v| {
+                    (
+                        v.name.clone(),
+                        scope.spawn(move || self.run_volume(v, instances)),
+                    )
+                })
                 .collect();
             // A panicking volume thread is that volume's error, not the run's end: panicking
             // here would leave the watchdog waiting for `done` and the scope (and the agent,
@@ -207,7 +224,12 @@ impl ActiveRun {
     }
 
     /// One volume's jobs, with its IO-path faults and kernel throttle, and its result.
-    fn run_volume(&self, v: PreparedVolume) -> VolumeResult {
+    /// `instances`: the agent's shared `instance` gates (`fault::instance_gates`).
+    fn run_volume(
+        &self,
+        v: PreparedVolume,
+        instances: &[crate::fault::InstanceShare],
+    ) -> VolumeResult {
         let faults = Arc::new(v.faults);
         let names = faults.clone();
         let aggregator = VolumeAggregator::new(
@@ -245,7 +267,7 @@ impl ActiveRun {
                 inner: aggregator,
                 started: io_started,
             })),
-            faults: self.clone_faults(faults, throttle, mirror.clone()),
+            faults: self.clone_faults(faults, throttle, instances, mirror.clone()),
             ..RunOptions::default()
         };
         let report = v.run.execute(&opts);
@@ -291,6 +313,7 @@ impl ActiveRun {
         &self,
         faults: Arc<Vec<FaultSpec>>,
         throttle: Option<Arc<crate::fault::kernel::ThrottleGroup>>,
+        instances: &[crate::fault::InstanceShare],
         mirror: Option<MirrorSetup>,
     ) -> Option<Arc<runner::FaultFactory>> {
         if faults.is_empty() && mirror.is_none() {
@@ -298,8 +321,10 @@ impl ActiveRun {
         }
         let fault_seed = unix_ns(self.setup.start_at) as u64;
         // One gate per volume, shared by its clones: numjobs=4 on an emulated 3,000-IOPS
-        // volume still gets 3,000 IOPS in all, not 12,000.
-        let gate = crate::fault::build_gate(&faults, fault_seed).map(crate::fault::SharedGate::new);
+        // volume still gets 3,000 IOPS in all, not 12,000. An instance's gate is shared wider,
+        // by every volume of the agent that carries it.
+        let gate = crate::fault::build_volume_gate(&faults, fault_seed, instances)
+            .map(crate::fault::SharedGate::new);
         Some(Arc::new(move |job: usize, clone: u32| {
             let seed = fault_seed ^ ((job as u64) << 32) ^ clone as u64;
             CloneFaults {

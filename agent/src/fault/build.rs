@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use super::bucket::CapGate;
 use super::ebs::EbsModel;
 use super::faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault, fault_rng};
+use super::instance::InstanceModel;
 use super::spec::{FaultKind, FaultSpec, Window};
 use super::{Admission, IoFault, IoGate};
 use crate::job::Direction;
@@ -123,6 +124,132 @@ pub fn build_gate(specs: &[FaultSpec], _seed: u64) -> Option<Box<dyn IoGate>> {
         set.push(window, gate);
     }
     (!set.is_empty()).then(|| Box::new(set) as Box<dyn IoGate>)
+}
+
+/// A clock shared by all of an agent's volumes, in ns since the run's synchronized start.
+pub type AgentClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// One instance's gate with the clock it runs on (`instance_gates`).
+#[derive(Clone)]
+pub struct InstanceShare {
+    spec: FaultSpec,
+    gate: SharedGate,
+    clock: AgentClock,
+}
+
+/// The `instance` faults of an agent's volumes, each with ONE gate that every volume carrying
+/// it shares: the instance holds the SUM of its volumes to its limits, not each volume
+/// (docs/domain.md#instance-limits). The plan sends a fault to each volume it targets, so the
+/// same spec on several volumes is one instance; equal specs from two plan faults are one too.
+/// `clock`: ns since the run's start, the one time line the shared buckets run on (each
+/// volume's IO loop counts from its own start, which a loaded host delays by up to seconds).
+pub fn instance_gates<'a>(
+    schedules: impl IntoIterator<Item = &'a [FaultSpec]>,
+    clock: AgentClock,
+) -> Vec<InstanceShare> {
+    let mut out: Vec<InstanceShare> = Vec::new();
+    for specs in schedules {
+        for spec in specs {
+            let FaultKind::Instance(i) = &spec.kind else {
+                continue;
+            };
+            if out.iter().any(|s| &s.spec == spec) {
+                continue;
+            }
+            // Validated on receipt, so the type is known; an unknown one adds no gate.
+            let Some(model) = InstanceModel::from_spec(i) else {
+                continue;
+            };
+            out.push(InstanceShare {
+                spec: spec.clone(),
+                gate: SharedGate::new(Box::new(model.gate(spec.window().start_ns))),
+                clock: clock.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// A volume's view of a shared instance gate: it moves the volume's instants (ns since its IO
+/// loop began) onto the agent's clock and back. The offset between the two is taken at the
+/// first admission, agent clock minus the instant asked: the volume's first IO asks at its
+/// "now" (later asks may be about future instants: `GateSet` re-asks at the instant another
+/// gate proposes), so the offset is off by the microseconds the call took. Without it, volumes
+/// whose loops began 100 ms apart lose 100 ms at every hand-over of the bucket (a bucket
+/// ignores instants before its last charge).
+///
+/// An IO is charged to the instance at the instant the instance itself admitted it (agent
+/// clock), not at the later instant the volume's own gates let it go: a volume whose own cap
+/// holds an IO for 70 ms would otherwise reserve the shared bucket 70 ms ahead, and every other
+/// volume would queue behind that reservation while the tokens of those 70 ms went unused.
+/// (Clones of one volume share this state; with several, an IO may be charged at a sibling's
+/// instant, which moves a charge by at most one of the volume's own waits.)
+struct OnAgentClock {
+    share: InstanceShare,
+    offset_ns: Option<i128>,
+    /// Where the instance admitted the IO being asked about (agent clock), until it is charged.
+    admitted: Option<u64>,
+}
+
+impl OnAgentClock {
+    fn to_agent(&self, volume_ns: u64) -> u64 {
+        (i128::from(volume_ns) + self.offset_ns.unwrap_or(0)).max(0) as u64
+    }
+}
+
+impl IoGate for OnAgentClock {
+    fn admit(&mut self, now_ns: u64, dir: Direction, len: u64) -> Admission {
+        if self.offset_ns.is_none() {
+            self.offset_ns = Some(i128::from((self.share.clock)()) - i128::from(now_ns));
+        }
+        let at = self.to_agent(now_ns);
+        let answer = self.share.gate.admit(at, dir, len);
+        if self.admitted.is_none() {
+            self.admitted = Some(match answer {
+                Admission::Now => at,
+                Admission::At(t) => t,
+            });
+        }
+        match answer {
+            Admission::Now => Admission::Now,
+            Admission::At(t) => {
+                let back = i128::from(t) - self.offset_ns.unwrap_or(0);
+                Admission::At(back.max(i128::from(now_ns) + 1) as u64)
+            }
+        }
+    }
+
+    fn charge(&mut self, now_ns: u64, dir: Direction, len: u64) {
+        let issued = self.to_agent(now_ns);
+        let t = self.admitted.take().map_or(issued, |a| a.min(issued));
+        self.share.gate.charge(t, dir, len);
+    }
+}
+
+/// A volume's gate: its own gates (`build_gate`) and the shared gates of the `instance` faults
+/// it carries, each inside its window (on the volume's clock) and on the agent's clock inside.
+pub fn build_volume_gate(
+    specs: &[FaultSpec],
+    seed: u64,
+    instances: &[InstanceShare],
+) -> Option<Box<dyn IoGate>> {
+    let own = build_gate(specs, seed);
+    let mut set = GateSet::new();
+    for share in instances.iter().filter(|s| specs.contains(&s.spec)) {
+        let gate = OnAgentClock {
+            share: share.clone(),
+            offset_ns: None,
+            admitted: None,
+        };
+        set.push(share.spec.window(), Box::new(gate));
+    }
+    if set.is_empty() {
+        return own;
+    }
+    if let Some(own) = own {
+        set.push(Window::ALWAYS, own);
+    }
+    Some(Box::new(set))
 }
 
 /// The fault of a schedule (`latency`, `eio`, `stall`, `drop_writes` entries), `None` if it has
@@ -333,5 +460,92 @@ mod tests {
         );
         let n = count(15 * S, 16 * S);
         assert!((179..=181).contains(&n), "an empty bucket: baseline {n}");
+    }
+
+    #[test]
+    fn an_instance_fault_is_one_bucket_for_all_the_volumes_that_carry_it() {
+        // Three volumes of an agent, each capped at 30 MB/s by its own bw_cap, under one
+        // instance of 60 MB/s: alone a volume gets its 30, together they share the 60.
+        let instance = FaultSpec::new(FaultKind::Instance(InstanceSpec {
+            baseline_mb_s: Some(60.0),
+            ..Default::default()
+        }));
+        let own = FaultSpec::new(FaultKind::BwCap(BwCapSpec {
+            total_bytes_per_s: Some(30_000_000),
+            ..Default::default()
+        }));
+        let schedules = [
+            vec![own.clone(), instance.clone()],
+            vec![own.clone(), instance.clone()],
+            vec![own.clone(), instance.clone()],
+            vec![own.clone()],
+        ];
+        // The volumes' IO loops began 0, 100, 200 and 300 ms after the agent's clock started
+        // (a loaded host): the shared bucket must not care.
+        let sim = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let now = sim.clone();
+        let clock: AgentClock = Arc::new(move || now.load(std::sync::atomic::Ordering::Relaxed));
+        let shared = instance_gates(schedules.iter().map(|s| s.as_slice()), clock);
+        assert_eq!(
+            shared.len(),
+            1,
+            "one instance, however many volumes carry it"
+        );
+        let mut gates: Vec<_> = schedules
+            .iter()
+            .map(|s| build_volume_gate(s, 0, &shared).unwrap())
+            .collect();
+        let len = 1 << 20;
+        let mut bytes = [0u64; 4];
+        // As the runner does: an IO asks at its volume's "now" and is charged at once at the
+        // instant it was admitted (a reservation, possibly in the future); a volume keeps up
+        // to 4 IOs waiting or in flight (iodepth=4; an IO is done once it has gone).
+        let mut pending: [Vec<u64>; 4] = Default::default();
+        let (mut t, mut tick) = (0, 0);
+        while t < 5 * S {
+            sim.store(t, std::sync::atomic::Ordering::Relaxed);
+            // Volumes race for the shared bucket: who asks first changes from tick to tick.
+            for k in 0..gates.len() {
+                let i = (k + tick) % gates.len();
+                // Volume i's own clock, and only its last 4 s count.
+                let Some(vt) = t.checked_sub(i as u64 * S / 10) else {
+                    continue;
+                };
+                pending[i].retain(|&at| at > vt);
+                if pending[i].len() >= 4 {
+                    continue;
+                }
+                let at = match gates[i].admit(vt, Direction::Write, len) {
+                    Admission::Now => vt,
+                    Admission::At(x) => x,
+                };
+                gates[i].charge(at, Direction::Write, len);
+                pending[i].push(at);
+                // Counted by when it goes on the agent's clock, over 4 s once all have begun.
+                let on_agent = at + i as u64 * S / 10;
+                if (3 * S / 10..4 * S + 3 * S / 10).contains(&on_agent) {
+                    bytes[i] += len;
+                }
+            }
+            t += S / 10_000;
+            tick += 1;
+        }
+        let mb_s = |b: u64| b as f64 / 4.0 / 1e6;
+        let under: f64 = bytes[..3].iter().map(|&b| mb_s(b)).sum();
+        assert!(
+            (under - 60.0).abs() < 2.0,
+            "the three together: {under} MB/s"
+        );
+        // Each gets a share (none starved, none above its own cap); the bucket promises the
+        // sum, not an even split.
+        for &b in &bytes[..3] {
+            assert!((12.0..=30.5).contains(&mb_s(b)), "a share: {}", mb_s(b));
+        }
+        // The fourth volume carries no instance fault: only its own cap.
+        assert!((mb_s(bytes[3]) - 30.0).abs() < 1.5, "{}", mb_s(bytes[3]));
+        // A volume without faults of its own still gets the instance's gate.
+        let only = [instance.clone()];
+        assert!(build_volume_gate(&only, 0, &shared).is_some());
+        assert!(build_volume_gate(&[], 0, &shared).is_none());
     }
 }

@@ -11,5 +11,8 @@ pub mod faults;
 /// `kernel_throttle`: the kernel's block throttle through a cgroup (needs root).
 pub mod kernel;
 
-pub use build::{GateSet, SharedGate, build_fault, build_gate};
+pub use build::{
+    AgentClock, GateSet, InstanceShare, SharedGate, build_fault, build_gate, build_volume_gate,
+    instance_gates,
+};
 pub use faults::{DropWritesFault, EioFault, FaultSet, LatencyFault, StallFault};

@@ -225,6 +225,20 @@ pub fn prepare(jobs: &[JobSpec], opts: &RunOptions) -> Result<PreparedRun, RunEr
     })
 }
 
+/// The bytes `prepare` will write to lay these jobs out (`layout::bytes_to_fill` over the files
+/// it fills with data), for a progress total known before the first byte. Jobs whose files
+/// cannot be planned count for nothing: `prepare` refuses them with the reason.
+pub fn layout_bytes(jobs: &[JobSpec]) -> u64 {
+    let files: Vec<PlannedFile> = jobs
+        .iter()
+        .filter(|j| j.engine != EngineKind::Null && (j.pattern.reads() || j.verify.is_some()))
+        .flat_map(|j| (0..j.numjobs).map(move |clone| (j, clone)))
+        .filter_map(|(j, clone)| layout::plan_files(j, clone).ok())
+        .flatten()
+        .collect();
+    layout::bytes_to_fill(&files)
+}
+
 impl PreparedRun {
     pub fn jobs(&self) -> &[JobSpec] {
         &self.jobs

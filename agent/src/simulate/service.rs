@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lockstep_proto::v1::agent_server::Agent;
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, Capabilities, ClockProbeReply, ClockProbeRequest,
-    DirInterval, DirTotals, FinalResult, HelloReply, HelloRequest, IntervalReport, PrepareReply,
-    PrepareRequest, RunEvent, StartRequest, Started, Volume, VolumeInterval, VolumeResult,
-    run_event,
+    DirInterval, DirTotals, FinalResult, HelloReply, HelloRequest, IntervalReport,
+    LayoutStatusReply, LayoutStatusRequest, PrepareReply, PrepareRequest, RunEvent, StartRequest,
+    Started, Volume, VolumeInterval, VolumeResult, run_event,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::{mpsc, watch};
@@ -279,6 +279,19 @@ impl Agent for SimAgent {
             volumes,
         });
         reply(String::new(), warnings)
+    }
+
+    /// A simulated agent lays nothing out: its layout is over as soon as it is prepared.
+    async fn layout_status(
+        &self,
+        req: Request<LayoutStatusRequest>,
+    ) -> Result<Response<LayoutStatusReply>, Status> {
+        check_version(req.get_ref().protocol_version)?;
+        Ok(Response::new(LayoutStatusReply {
+            bytes_done: 0,
+            bytes_total: 0,
+            finished: true,
+        }))
     }
 
     type StartStream = EventStream;

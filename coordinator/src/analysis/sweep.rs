@@ -14,10 +14,17 @@
 //! per volume and for the role: IOPS, mean latency, p50/p99/p99.9 (the role's from the merge
 //! of its volumes' measured interval histograms) and the IOPS Little's law expects; then a
 //! verdict per role and per volume (`verdict`): the knee, or still scaling.
+//!
+//! Any sweep also gets an answer in words (`knee`): throughput per unit of what the sweep adds
+//! (per volume for `sweep = { over = "volumes" }`, per job, per IO in flight, or the share of
+//! the target rate achieved) holds while the node or role still scales, and falls once a shared
+//! limit binds. For a volumes sweep that is the datanode question, "at how many volumes does
+//! the node stop scaling?" (docs/domain.md#datanode-volume-count), answered per node.
 
 /// The report types live in the results model; this module produces them.
 pub use crate::results::sweep::{
-    LITTLE_SHORTFALL, RoleSweep, SweepFigures, SweepReport, SweepStep, Verdict, VerdictKind,
+    Knee, KneeKind, LITTLE_SHORTFALL, NodeFigures, RoleSweep, SweepFigures, SweepReport, SweepStep,
+    Verdict, VerdictKind,
 };
 
 use crate::analysis::curve::{self, StepFigures};
@@ -39,6 +46,220 @@ pub struct Point {
     pub depth: u32,
     pub iops: f64,
     pub mean_ns: f64,
+}
+
+/// Throughput per unit falling more than this below its best at an earlier step is the knee:
+/// a shared limit binds. Above the run-to-run noise of a throttled emulation (a few %), below
+/// the fall one more volume causes past a ceiling (1/N: 14% from 7 to 8 volumes).
+pub const KNEE_PER_UNIT_DROP: f64 = 0.10;
+
+/// One step of a node or role as the knee detector sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KneePoint {
+    /// The step's value of what the sweep varies.
+    pub value: u32,
+    /// Throughput in MB/s (IOPS for a rate sweep).
+    pub total: f64,
+    /// `total` per unit of `value` (per volume, per job, ...; for a rate sweep, the share of
+    /// the target achieved).
+    pub per_unit: f64,
+}
+
+/// How the answer reads for one kind of sweep.
+fn knee_words(over: SweepOver) -> (&'static str, &'static str) {
+    match over {
+        SweepOver::Volumes => ("per-volume throughput", "MB/s"),
+        SweepOver::Numjobs => ("per-job throughput", "MB/s"),
+        SweepOver::Iodepth => ("throughput per IO in flight", "MB/s"),
+        SweepOver::RateIops => ("the share of the target rate achieved", "IOPS"),
+    }
+}
+
+/// `6 volumes`, `numjobs 6`, `depth 6`, `6 IOPS`.
+fn value_text(over: SweepOver, v: u32) -> String {
+    match over {
+        SweepOver::Volumes => format!("{v} volume{}", if v == 1 { "" } else { "s" }),
+        SweepOver::RateIops => format!("{v} IOPS"),
+        _ => format!("{} {v}", over.word()),
+    }
+}
+
+/// `from 6 to 7 volumes`, `from numjobs 4 to 8`.
+fn range_text(over: SweepOver, a: u32, b: u32) -> String {
+    match over {
+        SweepOver::Volumes | SweepOver::RateIops => {
+            format!("from {a} to {}", value_text(over, b))
+        }
+        _ => format!("from {} to {b}", value_text(over, a)),
+    }
+}
+
+fn amount(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// The answer for `target` (`node agent-1`, `role db`) from its steps in increasing value: the
+/// knee is the last step before the first one whose throughput per unit falls more than
+/// `KNEE_PER_UNIT_DROP` below the best of the steps before it; without one it is still scaling.
+/// Steps without throughput (a lost agent) are left out.
+pub fn knee(target: &str, subject: &str, over: SweepOver, points: &[KneePoint]) -> Knee {
+    let (per, unit) = knee_words(over);
+    let pts: Vec<&KneePoint> = points
+        .iter()
+        .filter(|p| p.value > 0 && p.total > 0.0 && p.per_unit > 0.0)
+        .collect();
+    let make = |kind, at, total, text| Knee {
+        target: target.to_string(),
+        kind,
+        at,
+        total,
+        unit: unit.to_string(),
+        text,
+    };
+    let (Some(first), Some(last)) = (pts.first(), pts.last()) else {
+        return make(
+            KneeKind::Single,
+            0,
+            0.0,
+            "no step with IO: nothing to compare".into(),
+        );
+    };
+    if pts.len() < 2 {
+        return make(
+            KneeKind::Single,
+            first.value,
+            first.total,
+            format!(
+                "one step with IO ({}): nothing to compare",
+                value_text(over, first.value)
+            ),
+        );
+    }
+    let mut best = pts[0];
+    for w in pts.windows(2) {
+        let (prev, p) = (w[0], w[1]);
+        if p.per_unit < best.per_unit * (1.0 - KNEE_PER_UNIT_DROP) {
+            let fall = 1.0 - p.per_unit / prev.per_unit;
+            let below = 1.0 - p.per_unit / best.per_unit;
+            // Worth saying only when the fall from the best is not the fall from the step before.
+            let below_best = if (below - fall) * 100.0 >= 2.0 {
+                format!(
+                    " ({:.0}% below its best, at {})",
+                    below * 100.0,
+                    value_text(over, best.value)
+                )
+            } else {
+                String::new()
+            };
+            return make(
+                KneeKind::Knee,
+                prev.value,
+                prev.total,
+                format!(
+                    "{per} falls {:.0}% {}{below_best}: {subject} stops scaling at {}, where it reaches {} {unit}",
+                    fall * 100.0,
+                    range_text(over, prev.value, p.value),
+                    value_text(over, prev.value),
+                    amount(prev.total)
+                ),
+            );
+        }
+        if p.per_unit > best.per_unit {
+            best = p;
+        }
+    }
+    make(
+        KneeKind::Scaling,
+        last.value,
+        last.total,
+        format!(
+            "still scaling: {per} stays within {:.0}% of its best {}; {subject} reaches {} {unit} at {}",
+            KNEE_PER_UNIT_DROP * 100.0,
+            range_text(over, first.value, last.value),
+            amount(last.total),
+            value_text(over, last.value)
+        ),
+    )
+}
+
+/// Each node's volumes of `role` in a step's results, summed.
+pub(crate) fn node_figures(results: &RunResults, role: &str) -> Vec<NodeFigures> {
+    let mut out: Vec<NodeFigures> = Vec::new();
+    for v in results.volumes.iter().filter(|v| v.role == role) {
+        let i = match out.iter().position(|n| n.node == v.node) {
+            Some(i) => i,
+            None => {
+                out.push(NodeFigures {
+                    node: v.node.clone(),
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        let n = &mut out[i];
+        n.volumes += 1;
+        n.mb_s += v.summary.total.bytes_per_sec / 1e6;
+        n.iops += v.summary.total.iops;
+    }
+    out
+}
+
+/// The answers of a role's sweep: per node for a volumes sweep, else for the role.
+pub(crate) fn answers(rs: &RoleSweep) -> Vec<Knee> {
+    if rs.over == SweepOver::Volumes {
+        let mut nodes: Vec<&str> = Vec::new();
+        for n in rs.steps.iter().flat_map(|s| &s.nodes) {
+            if !nodes.contains(&n.node.as_str()) {
+                nodes.push(&n.node);
+            }
+        }
+        return nodes
+            .into_iter()
+            .map(|node| {
+                let pts: Vec<KneePoint> = rs
+                    .steps
+                    .iter()
+                    .filter_map(|s| {
+                        let n = s.nodes.iter().find(|n| n.node == node)?;
+                        Some(KneePoint {
+                            value: s.depth,
+                            total: n.mb_s,
+                            per_unit: n.mb_s / f64::from(n.volumes.max(1)),
+                        })
+                    })
+                    .collect();
+                knee(&format!("node {node}"), "the node", rs.over, &pts)
+            })
+            .collect();
+    }
+    let pts: Vec<KneePoint> = rs
+        .steps
+        .iter()
+        .map(|s| {
+            let mb_s: f64 = s.nodes.iter().map(|n| n.mb_s).sum();
+            let iops: f64 = s.nodes.iter().map(|n| n.iops).sum();
+            let volumes = f64::from(s.nodes.iter().map(|n| n.volumes).sum::<u32>().max(1));
+            let (total, per_unit) = match rs.over {
+                SweepOver::RateIops => (iops, iops / volumes / f64::from(s.depth.max(1))),
+                _ => (mb_s, mb_s / f64::from(s.depth.max(1))),
+            };
+            KneePoint {
+                value: s.depth,
+                total,
+                per_unit,
+            }
+        })
+        .collect();
+    vec![knee(
+        &format!("role {}", rs.role),
+        "the role",
+        rs.over,
+        &pts,
+    )]
 }
 
 /// The roles of a plan that sweep, with their sweeps.
@@ -191,6 +412,7 @@ pub(crate) fn judge(rs: &mut RoleSweep) {
     };
     let role: Vec<Point> = rs.steps.iter().map(|s| point(s.depth, &s.role)).collect();
     rs.verdict = verdict(&rs.role, rs.over, &role);
+    rs.answers = answers(rs);
     let names: Vec<String> = rs
         .steps
         .first()
@@ -366,6 +588,7 @@ mod tests {
                 figures("agent-1/data", u64::from(depth), vol_iops[0], mean_ms),
                 figures("agent-2/data", u64::from(depth), vol_iops[1], mean_ms),
             ],
+            nodes: Vec::new(),
         };
         let mut rs = RoleSweep {
             role: "db".into(),
@@ -443,6 +666,7 @@ mod tests {
                 dir: "sweep/0-depth4".into(),
                 role: figures("db", 4, 1000.0, 4.0),
                 volumes: vec![figures("agent-1/data", 4, 1000.0, 4.0)],
+                nodes: Vec::new(),
             }],
             ..Default::default()
         };
@@ -465,6 +689,162 @@ mod tests {
         assert!(
             text.contains("  verdict: one step with IOs (depth 4): nothing to compare"),
             "{text}"
+        );
+    }
+
+    /// A node's steps from its summed MB/s at each volume count.
+    fn per_volume(steps: &[(u32, f64)]) -> Vec<KneePoint> {
+        steps
+            .iter()
+            .map(|&(value, total)| KneePoint {
+                value,
+                total,
+                per_unit: total / f64::from(value),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_datanode_stops_scaling_where_the_instance_limit_binds() {
+        // docs/domain.md#datanode-volume-count: r4.8xlarge (875 MB/s) with volumes of about
+        // 146 MB/s each: six fit, the seventh only shares.
+        let p = per_volume(&[(4, 583.0), (5, 729.0), (6, 874.0), (7, 875.0), (8, 875.0)]);
+        let k = knee("node agent-1", "the node", SweepOver::Volumes, &p);
+        assert_eq!((k.kind, k.at), (KneeKind::Knee, 6), "{k:?}");
+        assert_eq!(k.unit, "MB/s");
+        assert_eq!(
+            k.text,
+            "per-volume throughput falls 14% from 6 to 7 volumes: the node stops scaling at 6 \
+             volumes, where it reaches 874 MB/s"
+        );
+        // The scaled-down example (docs/scenarios.md): 14.5 MB/s volumes under 87.5 MB/s.
+        let p = per_volume(&[(4, 58.0), (5, 72.4), (6, 86.9), (7, 87.4), (8, 87.5)]);
+        let k = knee("node agent-1", "the node", SweepOver::Volumes, &p);
+        assert_eq!((k.kind, k.at), (KneeKind::Knee, 6), "{k:?}");
+        assert!(k.text.ends_with("where it reaches 86.9 MB/s"), "{k:?}");
+    }
+
+    #[test]
+    fn a_slow_decline_is_measured_from_the_best_step_and_noise_is_not_a_knee() {
+        // -4% per step: the third step is 12% below the best.
+        let p = per_volume(&[(1, 100.0), (2, 192.0), (3, 276.0), (4, 352.0)]);
+        let k = knee("node n", "the node", SweepOver::Volumes, &p);
+        assert_eq!((k.kind, k.at), (KneeKind::Knee, 3), "{k:?}");
+        assert!(
+            k.text.starts_with(
+                "per-volume throughput falls 4% from 3 to 4 volumes (12% below its best, at 1 \
+                 volume): the node stops scaling at 3 volumes"
+            ),
+            "{k:?}"
+        );
+        // A few % of noise either way scales.
+        let p = per_volume(&[(4, 58.0), (5, 70.0), (6, 88.0), (7, 99.0), (8, 116.0)]);
+        let k = knee("node n", "the node", SweepOver::Volumes, &p);
+        assert_eq!((k.kind, k.at), (KneeKind::Scaling, 8), "{k:?}");
+        assert_eq!(
+            k.text,
+            "still scaling: per-volume throughput stays within 10% of its best from 4 to 8 \
+             volumes; the node reaches 116 MB/s at 8 volumes"
+        );
+    }
+
+    #[test]
+    fn other_sweeps_read_in_their_own_words() {
+        let p = per_volume(&[(1, 50.0), (2, 100.0), (4, 120.0)]);
+        let k = knee("role db", "the role", SweepOver::Numjobs, &p);
+        assert_eq!(
+            k.text,
+            "per-job throughput falls 40% from numjobs 2 to 4: the role stops scaling at \
+             numjobs 2, where it reaches 100 MB/s"
+        );
+        // A rate sweep: the share of the target achieved, in IOPS.
+        let rate =
+            [(500, 500.0), (1000, 998.0), (2000, 1400.0)].map(|(value, total): (u32, f64)| {
+                KneePoint {
+                    value,
+                    total,
+                    per_unit: total / f64::from(value),
+                }
+            });
+        let k = knee("role db", "the role", SweepOver::RateIops, &rate);
+        assert_eq!(
+            (k.kind, k.at, k.unit.as_str()),
+            (KneeKind::Knee, 1000, "IOPS")
+        );
+        assert!(
+            k.text.starts_with(
+                "the share of the target rate achieved falls 30% from 1000 to 2000 IOPS"
+            ),
+            "{k:?}"
+        );
+        let k = knee("role db", "the role", SweepOver::Iodepth, &p[..1]);
+        assert_eq!(k.kind, KneeKind::Single);
+        assert_eq!(k.text, "one step with IO (depth 1): nothing to compare");
+        assert_eq!(
+            knee("role db", "the role", SweepOver::Iodepth, &[]).text,
+            "no step with IO: nothing to compare"
+        );
+    }
+
+    #[test]
+    fn a_volumes_sweep_answers_per_node_in_results_and_the_report() {
+        // agent-1 is held at 87.5 MB/s, agent-2 runs free at 14.5 MB/s a volume.
+        let node = |node: &str, volumes: u32, mb_s: f64| NodeFigures {
+            node: node.into(),
+            volumes,
+            mb_s,
+            iops: mb_s,
+        };
+        let steps = (4..=8)
+            .map(|v: u32| SweepStep {
+                depth: v,
+                dir: format!("sweep/x-volumes{v}"),
+                role: figures("dn", 8, 100.0, 1.0),
+                volumes: Vec::new(),
+                nodes: vec![
+                    node("agent-1", v, (14.5 * f64::from(v)).min(87.5)),
+                    node("agent-2", v, 14.5 * f64::from(v)),
+                ],
+            })
+            .collect();
+        let mut rs = RoleSweep {
+            role: "dn".into(),
+            over: SweepOver::Volumes,
+            steps,
+            ..Default::default()
+        };
+        judge(&mut rs);
+        let kinds: Vec<_> = rs
+            .answers
+            .iter()
+            .map(|k| (k.target.as_str(), k.kind, k.at))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("node agent-1", KneeKind::Knee, 6),
+                ("node agent-2", KneeKind::Scaling, 8)
+            ]
+        );
+        let json = serde_json::to_value(&rs).unwrap();
+        assert_eq!(json["answers"][0]["at"], 6);
+        assert_eq!(json["over"], "volumes");
+        assert_eq!(json["steps"][0]["nodes"][0]["volumes"], 4);
+        let t = crate::export::text::sweep::render_text(&SweepReport { roles: vec![rs] });
+        assert!(
+            t.starts_with("volumes sweep, role dn (volumes of each agent running the workload;"),
+            "{t}"
+        );
+        assert!(
+            t.contains("        6  agent-1            6            14.5       87.0         87\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "  answer: node agent-1: per-volume throughput falls 14% from 6 to 7 volumes: \
+                 the node stops scaling at 6 volumes, where it reaches 87.0 MB/s\n"
+            ),
+            "{t}"
         );
     }
 }

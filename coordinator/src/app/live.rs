@@ -6,9 +6,10 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::analysis::chokepoint::{self, AnalysisOptions};
+use crate::orchestrate::layout::{self, LayoutProgress};
 use crate::orchestrate::run::RunObserver;
 use crate::results::merge::Merger;
 
@@ -29,19 +30,21 @@ pub struct LiveView {
     /// The suspect last printed as log lines (printed again only when it changes).
     printed_suspect: Vec<String>,
     quiet: bool,
+    /// When the last layout line was printed (no terminal): at most one every `LINE_EVERY`.
+    last_layout_line: Option<Instant>,
+    /// The bar is showing the layout (bytes) rather than the run (seconds).
+    bar_on_layout: bool,
 }
+
+/// At most one progress line this often where there is no terminal (CI logs).
+const LINE_EVERY: Duration = Duration::from_secs(5);
 
 impl LiveView {
     /// `total`: the run's length; `quiet`: no output at all (e.g. `--json` to a pipe).
     pub fn new(total: Duration, quiet: bool) -> Self {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let b = ProgressBar::new(total.as_secs().max(1));
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:25} {pos}/{len}s {msg}",
-                )
-                .expect("static template"),
-            );
+            b.set_style(run_style());
             b
         });
         LiveView {
@@ -55,6 +58,8 @@ impl LiveView {
             suspect: Vec::new(),
             printed_suspect: Vec::new(),
             quiet,
+            last_layout_line: None,
+            bar_on_layout: false,
         }
     }
 
@@ -73,6 +78,11 @@ impl LiveView {
             b.finish_and_clear();
         }
     }
+}
+
+fn run_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len}s {msg}")
+        .expect("static template")
 }
 
 fn worst_volume(merger: &Merger) -> Option<(String, f64)> {
@@ -126,7 +136,7 @@ impl RunObserver for LiveView {
                 let suspect: String = self.suspect.iter().map(|l| format!("\n  {l}")).collect();
                 b.set_message(format!("{msg}{suspect}"));
             }
-            None if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) => {
+            None if !self.quiet && self.last_line.elapsed() >= LINE_EVERY => {
                 self.last_line = Instant::now();
                 eprintln!("lockstep: t={:.0}s {msg}", elapsed.as_secs_f64());
                 if !self.suspect.is_empty() && self.suspect != self.printed_suspect {
@@ -138,6 +148,53 @@ impl RunObserver for LiveView {
             }
             None => {}
         }
+    }
+
+    fn layout_progress(&mut self, p: &LayoutProgress) {
+        if self.quiet {
+            return;
+        }
+        let Some(bar) = &self.bar else {
+            let due = self
+                .last_layout_line
+                .is_none_or(|t| t.elapsed() >= LINE_EVERY);
+            if due || p.finished {
+                self.last_layout_line = Some(Instant::now());
+                eprintln!("lockstep: {}", layout::line(p));
+            }
+            return;
+        };
+        if p.finished {
+            // Back to the run's own bar: seconds of the run, from zero.
+            // Not drawn while it changes over, so no frame mixes bytes and seconds.
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+            bar.set_message("");
+            bar.reset();
+            bar.set_length(self.total.as_secs().max(1));
+            bar.set_style(run_style());
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.bar_on_layout = false;
+            bar.println(format!("lockstep: {}", layout::line(p)));
+            return;
+        }
+        if !self.bar_on_layout {
+            self.bar_on_layout = true;
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} laying out files {bar:25} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+                )
+                .expect("static template"),
+            );
+        }
+        bar.set_length(p.total);
+        bar.set_position(p.done);
+        bar.set_message(match &p.slowest {
+            Some((name, s)) if p.agents > 1 => format!(
+                "| slowest {name} {:.0}%",
+                100.0 * s.done as f64 / s.total.max(1) as f64
+            ),
+            _ => String::new(),
+        });
     }
 
     fn phase_finished(&mut self, _name: &str) {

@@ -2,6 +2,7 @@
 //! streams, lost agents and aborts. Imports `plan` and `results`, nothing above them.
 pub mod client;
 pub mod lag;
+pub mod layout;
 pub mod local;
 pub mod registry;
 pub mod run;

@@ -84,6 +84,9 @@ pub trait RunObserver: Send {
     /// Called about once per interval with the merge state so far.
     fn tick(&mut self, merger: &Merger, phase_elapsed: Duration);
     fn phase_finished(&mut self, name: &str);
+    /// About once a second while agents lay out files, and once more (`finished`) when every
+    /// layout is done; only when there are bytes to write.
+    fn layout_progress(&mut self, _progress: &super::layout::LayoutProgress) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -386,19 +389,46 @@ async fn prepare_or_stop(
     let interval_ms = spec.interval.as_millis().max(1) as u64;
     let layout = prepare_all(conns, &live, spec, interval_ms, total);
     tokio::pin!(layout);
-    let (prepared, refusal) = tokio::select! {
-        biased;
-        r = stop.wait_for(|s| s.is_some()) => {
-            let why = stop_reason(r);
-            streams.aborted = true;
-            streams.status_reason = format!("stopped by {why} during the layout");
-            observer.message("stopping during the layout: telling every agent to abort (nothing ran)");
-            abort_all(conns, &live, &spec.run_id, "stopped by the user").await;
-            let _ = tokio::time::timeout(Duration::from_secs(3), &mut layout).await;
-            (Vec::new(), None)
+    let watched = live
+        .iter()
+        .map(|&i| (conns[i].name.clone(), conns[i].client.clone()))
+        .collect();
+    let began = Instant::now();
+    let mut progress = super::layout::watch(watched, spec.run_id.clone());
+    let mut last = super::layout::LayoutProgress::default();
+    let (prepared, refusal) = loop {
+        tokio::select! {
+            biased;
+            r = stop.wait_for(|s| s.is_some()) => {
+                let why = stop_reason(r);
+                streams.aborted = true;
+                streams.status_reason = format!("stopped by {why} during the layout");
+                observer.message("stopping during the layout: telling every agent to abort (nothing ran)");
+                abort_all(conns, &live, &spec.run_id, "stopped by the user").await;
+                let _ = tokio::time::timeout(Duration::from_secs(3), &mut layout).await;
+                break (Vec::new(), None);
+            }
+            r = &mut layout => break r,
+            Some(p) = progress.recv() => {
+                if p.total > 0 {
+                    observer.layout_progress(&p);
+                }
+                last = p;
+            }
         }
-        r = &mut layout => r,
     };
+    // Dropping the receiver ends the watch.
+    drop(progress);
+    if refusal.is_none() && prepared.len() == live.len() && last.total > 0 {
+        // Every Prepare answered "ready": every layout wrote all it had to.
+        observer.layout_progress(&super::layout::LayoutProgress {
+            done: last.total,
+            slowest: None,
+            finished: true,
+            elapsed: began.elapsed(),
+            ..last
+        });
+    }
     if let Some(e) = refusal {
         abort_all(
             conns,

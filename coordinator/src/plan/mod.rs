@@ -281,41 +281,83 @@ pub struct DepthSweep {
     pub values: Vec<u32>,
 }
 
-/// What a sweep varies: the fio option set on every job of the role's workload at each step.
+/// What a sweep varies at each step: a fio option set on every job of the role's workload
+/// (`iodepth`, `numjobs`), the role's per-volume open-loop target (`rate_iops`), or how many of
+/// each agent's volumes run the workload (`volumes`: a datanode with 4, 5, ... disks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum SweepOver {
     /// Each job's queue depth (`iodepth=N`).
     #[default]
     Iodepth,
     /// Clones of each job, each at the workload's iodepth (`numjobs=N`: vdbench's threads).
     Numjobs,
+    /// The first N volumes of each selected agent run the workload, the others stay idle.
+    Volumes,
+    /// The role's open-loop target per volume, as `rate_iops = N` would set it.
+    RateIops,
 }
 
 impl SweepOver {
-    /// How a value of it reads in text: `depth 4`, `numjobs 4`.
+    /// How a value of it reads in text: `depth 4`, `numjobs 4`, `volumes 4`, `rate 500`.
     pub fn word(self) -> &'static str {
         match self {
             SweepOver::Iodepth => "depth",
             SweepOver::Numjobs => "numjobs",
+            SweepOver::Volumes => "volumes",
+            SweepOver::RateIops => "rate",
         }
     }
 
-    /// The fio option a step sets.
+    /// Its name in a plan (`sweep = { over = "..." }`).
     pub fn option(self) -> &'static str {
         match self {
             SweepOver::Iodepth => "iodepth",
             SweepOver::Numjobs => "numjobs",
+            SweepOver::Volumes => "volumes",
+            SweepOver::RateIops => "rate_iops",
         }
+    }
+
+    /// The fio option a step sets on every job, if it is one.
+    pub fn fio_option(self) -> Option<&'static str> {
+        match self {
+            SweepOver::Iodepth | SweepOver::Numjobs => Some(self.option()),
+            SweepOver::Volumes | SweepOver::RateIops => None,
+        }
+    }
+
+    /// The largest value a step may ask for.
+    pub fn max_value(self) -> u32 {
+        match self {
+            SweepOver::RateIops => MAX_SWEEP_RATE,
+            _ => MAX_SWEEP_DEPTH,
+        }
+    }
+
+    fn parse(name: &str) -> Option<SweepOver> {
+        [
+            SweepOver::Iodepth,
+            SweepOver::Numjobs,
+            SweepOver::Volumes,
+            SweepOver::RateIops,
+        ]
+        .into_iter()
+        .find(|o| o.option() == name)
     }
 }
 
+/// The highest per-volume rate a `rate_iops` sweep step may ask for.
+pub const MAX_SWEEP_RATE: u32 = 10_000_000;
+
 /// `workload` with every job at `value` of `over` (an `iodepth=` or `numjobs=` override, on
-/// top of the job text and the role's `set`): one step of a depth sweep.
+/// top of the job text and the role's `set`): one step of a depth sweep. Unchanged for a sweep
+/// that sets no fio option.
 pub fn with_depth(workload: &Workload, over: SweepOver, value: u32) -> Workload {
     let mut w = workload.clone();
-    w.overrides
-        .insert(over.option().to_string(), value.to_string());
+    if let Some(option) = over.fio_option() {
+        w.overrides.insert(option.to_string(), value.to_string());
+    }
     w
 }
 
@@ -955,7 +997,7 @@ fn build_roles(
                 Some(points.clone())
             }
         };
-        let depth_sweep = build_sweep(src, &what, rr, &workload)?;
+        let depth_sweep = build_sweep(src, &what, rr, &workload, volumes.as_deref())?;
         let mirror = build_mirror(src, &what, rr)?;
         roles.push(Role {
             name: rr.name.get_ref().clone(),
@@ -1065,117 +1107,190 @@ fn check_mirrors(
     Ok(())
 }
 
-/// A role's `depth_sweep` and `sweep_over`.
+/// A role's sweep: `sweep = { over, values }`, or the older `depth_sweep` (with `sweep_over`).
 fn build_sweep(
     src: &Source,
     what: &str,
     rr: &raw::RawRole,
     workload: &Workload,
+    volumes: Option<&[String]>,
 ) -> Result<Option<DepthSweep>, PlanError> {
-    let Some(list) = &rr.depth_sweep else {
-        return match &rr.sweep_over {
-            Some(o) => Err(src.at(
-                o,
-                format!("{what}: sweep_over"),
-                "says what depth_sweep varies: give depth_sweep = [1, 2, 4, ...] too",
-            )),
-            None => Ok(None),
-        };
-    };
-    let field = format!("{what}: depth_sweep");
-    if rr.rate_iops.is_some() {
-        return Err(src.at(
-            list,
-            field,
-            "give rate_iops or depth_sweep, not both: a depth sweep runs closed loop, each step \
-             with as many IOs in flight as it allows (IOPS = outstanding / latency), and a rate \
-             would cap it",
-        ));
-    }
-    if rr.rate_curve.is_some() {
-        return Err(src.at(
-            list,
-            field,
-            "give rate_curve or depth_sweep, not both: each is a series of runs of its own",
-        ));
-    }
-    let over = match &rr.sweep_over {
-        None => SweepOver::default(),
-        Some(o) => match o.get_ref().as_str() {
-            "iodepth" => SweepOver::Iodepth,
-            "numjobs" => SweepOver::Numjobs,
-            other => {
+    let (line, field, over, given) = match (&rr.sweep, &rr.depth_sweep) {
+        (Some(sw), Some(_)) => {
+            return Err(src.at(
+                sw,
+                format!("{what}: sweep"),
+                "give sweep or depth_sweep, not both (depth_sweep = [...] is sweep = { over = \
+                 \"iodepth\", values = [...] })",
+            ));
+        }
+        (Some(sw), None) => {
+            if let Some(o) = &rr.sweep_over {
                 return Err(src.at(
                     o,
                     format!("{what}: sweep_over"),
-                    format!(
-                        "'{other}' is neither \"iodepth\" (each job's queue depth, the default) \
-                         nor \"numjobs\" (clones of each job at its iodepth: vdbench's threads)"
-                    ),
+                    "goes with depth_sweep; with sweep, say over = \"...\" inside it",
                 ));
             }
-        },
+            let raw = sw.get_ref();
+            let over = SweepOver::parse(&raw.over).ok_or_else(|| {
+                src.at(
+                    sw,
+                    format!("{what}: sweep.over"),
+                    format!(
+                        "'{}' is not something a sweep varies: \"volumes\" (how many of each \
+                         agent's volumes run the workload), \"numjobs\", \"iodepth\" or \
+                         \"rate_iops\"",
+                        raw.over
+                    ),
+                )
+            })?;
+            (
+                src.line_of(sw),
+                format!("{what}: sweep.values"),
+                over,
+                &raw.values,
+            )
+        }
+        (None, Some(list)) => {
+            let over = match &rr.sweep_over {
+                None => SweepOver::default(),
+                Some(o) => match o.get_ref().as_str() {
+                    "iodepth" => SweepOver::Iodepth,
+                    "numjobs" => SweepOver::Numjobs,
+                    other => {
+                        return Err(src.at(
+                            o,
+                            format!("{what}: sweep_over"),
+                            format!(
+                                "'{other}' is neither \"iodepth\" (each job's queue depth, the \
+                                 default) nor \"numjobs\" (clones of each job at its iodepth: \
+                                 vdbench's threads); for volumes or rate_iops write sweep = {{ \
+                                 over = \"volumes\", values = [...] }}"
+                            ),
+                        ));
+                    }
+                },
+            };
+            (
+                src.line_of(list),
+                format!("{what}: depth_sweep"),
+                over,
+                list.get_ref(),
+            )
+        }
+        (None, None) => {
+            return match &rr.sweep_over {
+                Some(o) => Err(src.at(
+                    o,
+                    format!("{what}: sweep_over"),
+                    "says what depth_sweep varies: give depth_sweep = [1, 2, 4, ...] too",
+                )),
+                None => Ok(None),
+            };
+        }
     };
+    let err = |message: String| src.error(line, &field, message);
+    let key = if rr.sweep.is_some() {
+        "sweep"
+    } else {
+        "depth_sweep"
+    };
+    check_sweep_mode(rr, key, over).map_err(err)?;
+    let values = sweep_values(over, given).map_err(err)?;
+    if let (SweepOver::Volumes, Some(names)) = (over, volumes)
+        && let Some(&v) = values.iter().find(|&&v| v as usize > names.len())
+    {
+        return Err(err(format!(
+            "asks for {v} volumes, but the role's volumes list has {}: list more or leave \
+             volumes out to use every volume of the selected agents",
+            names.len()
+        )));
+    }
+    check_sweep_steps(workload, over, &values).map_err(err)?;
+    Ok(Some(DepthSweep { over, values }))
+}
+
+/// What a sweep (`key`: `sweep` or `depth_sweep`) cannot be combined with.
+fn check_sweep_mode(rr: &raw::RawRole, key: &str, over: SweepOver) -> Result<(), String> {
+    if rr.rate_curve.is_some() {
+        return Err(format!(
+            "give rate_curve or {key}, not both: each is a series of runs of its own"
+        ));
+    }
+    match over {
+        SweepOver::Iodepth | SweepOver::Numjobs if rr.rate_iops.is_some() => Err(format!(
+            "give rate_iops or {key}, not both: a depth sweep runs closed loop, each step with \
+             as many IOs in flight as it allows (IOPS = outstanding / latency), and a rate would \
+             cap it"
+        )),
+        SweepOver::RateIops if rr.rate_iops.is_some() => Err(
+            "give rate_iops or a rate_iops sweep, not both: the sweep sets each step's rate".into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The values of a sweep: at least 1, at most `over.max_value()`, increasing, no duplicates.
+fn sweep_values(over: SweepOver, given: &[i64]) -> Result<Vec<u32>, String> {
     let name = over.option();
-    let given = list.get_ref();
+    let max = over.max_value();
     if given.is_empty() || given.len() > MAX_SWEEP_STEPS {
-        return Err(src.at(
-            list,
-            field,
-            format!(
-                "needs 1 to {MAX_SWEEP_STEPS} values of {name}, e.g. [1, 2, 4, 8, 16, 32] (each \
-                 is a complete run)"
-            ),
+        return Err(format!(
+            "needs 1 to {MAX_SWEEP_STEPS} values of {name}, e.g. [1, 2, 4, 8, 16, 32] (each is a \
+             complete run)"
         ));
     }
     let mut values: Vec<u32> = Vec::with_capacity(given.len());
     for &v in given {
         if v < 1 {
-            return Err(src.at(
-                list,
-                field,
-                format!("{v} is not a usable {name}: every value must be at least 1"),
+            return Err(format!(
+                "{v} is not a usable {name}: every value must be at least 1"
             ));
         }
-        if v > i64::from(MAX_SWEEP_DEPTH) {
-            return Err(src.at(
-                list,
-                field,
-                format!(
-                    "{v} is more than {MAX_SWEEP_DEPTH}, the largest {name} a step may ask for"
-                ),
+        if v > i64::from(max) {
+            return Err(format!(
+                "{v} is more than {max}, the largest {name} a step may ask for"
             ));
         }
         let v = v as u32;
         if values.contains(&v) {
-            return Err(src.at(list, field, format!("{v} is listed twice")));
+            return Err(format!("{v} is listed twice"));
         }
         if let Some(&prev) = values.last().filter(|&&p| p > v) {
-            return Err(src.at(
-                list,
-                field,
-                format!(
-                    "list the values in increasing order ({v} comes after {prev}): each step is \
-                     compared with the one before"
-                ),
+            return Err(format!(
+                "list the values in increasing order ({v} comes after {prev}): each step is \
+                 compared with the one before"
             ));
         }
         values.push(v);
     }
-    // Every step as the agent will parse it: a value the agent refuses is refused here.
-    for &v in &values {
-        let jobs = jobs_at(workload, over, v)
-            .map_err(|m| src.at(list, &field, format!("at {name} {v}: {m}")))?;
-        if jobs.iter().any(|j| j.rate.is_limited()) {
-            return Err(src.at(
-                list,
-                field,
-                "the workload sets a rate (rate or rate_iops in its jobs): a depth sweep runs \
-                 closed loop, so remove the rate",
-            ));
+    Ok(values)
+}
+
+/// Every step as the agent will parse it: a value the agent refuses is refused here.
+fn check_sweep_steps(workload: &Workload, over: SweepOver, values: &[u32]) -> Result<(), String> {
+    let name = over.option();
+    for &v in values {
+        match over {
+            SweepOver::Iodepth | SweepOver::Numjobs => {
+                let jobs = jobs_at(workload, over, v).map_err(|m| format!("at {name} {v}: {m}"))?;
+                if jobs.iter().any(|j| j.rate.is_limited()) {
+                    return Err(
+                        "the workload sets a rate (rate or rate_iops in its jobs): a \
+                                depth sweep runs closed loop, so remove the rate"
+                            .into(),
+                    );
+                }
+            }
+            SweepOver::RateIops => {
+                workload::rate_for(workload, u64::from(v))
+                    .map_err(|m| format!("at rate_iops {v}: {m}"))?;
+            }
+            SweepOver::Volumes => {}
         }
     }
-    Ok(Some(DepthSweep { over, values }))
+    Ok(())
 }
 
 /// Checks across roles: one multi-run mode per plan, and sweeps that step together.
@@ -1187,13 +1302,19 @@ fn check_sweeps(
     let curve = roles.iter().find(|r| r.rate_curve.is_some());
     let mut first: Option<(&Role, usize)> = None;
     for (r, rr) in roles.iter().zip(raw) {
-        let (Some(sweep), Some(list)) = (&r.depth_sweep, &rr.get_ref().depth_sweep) else {
+        let Some(sweep) = &r.depth_sweep else {
             continue;
         };
-        let field = format!("{}: depth_sweep", label("role", Some(&r.name), 0));
+        let rr = rr.get_ref();
+        let (line, key) = match (&rr.sweep, &rr.depth_sweep) {
+            (Some(sw), _) => (src.line_of(sw), "sweep"),
+            (None, Some(list)) => (src.line_of(list), "depth_sweep"),
+            (None, None) => (r.line, "sweep"),
+        };
+        let field = format!("{}: {key}", label("role", Some(&r.name), 0));
         if let Some(c) = curve {
-            return Err(src.at(
-                list,
+            return Err(src.error(
+                line,
                 field,
                 format!(
                     "role '{}' on line {} has a rate_curve: a plan runs a rate curve or a depth \
@@ -1205,8 +1326,8 @@ fn check_sweeps(
         match first {
             None => first = Some((r, sweep.values.len())),
             Some((f, n)) if n != sweep.values.len() => {
-                return Err(src.at(
-                    list,
+                return Err(src.error(
+                    line,
                     field,
                     format!(
                         "has {} values and role '{}' on line {} has {n}: the roles' sweeps run \

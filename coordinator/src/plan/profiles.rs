@@ -135,12 +135,54 @@ numjobs=2
 ",
     },
     Profile {
+        name: "iris-db-write",
+        summary: "IRIS database writes: random 8 KiB writes, 16 in flight (the write daemon)",
+        job: "\
+; InterSystems IRIS database blocks are 8 KiB. The write daemon writes the cycle's updated
+; blocks to the database at random places, many at once; part of the IRIS profile set with
+; iris-db-read, journal and wij-burst (docs/domain.md#mirrored-pair).
+[global]
+ioengine=io_uring
+direct=1
+size=256m
+time_based=1
+
+[iris-db-write]
+rw=randwrite
+bs=8k
+iodepth=16
+",
+    },
+    Profile {
+        name: "iris-db-read",
+        summary: "IRIS database reads: random 8 KiB reads, 4 processes, one read each in flight",
+        job: "\
+; IRIS user processes read 8 KiB database blocks that are not in the global buffers, each
+; waiting for its own read: several jobs at queue depth 1, not one deep queue. These are the
+; reads the mirrored-pair study saw delayed by WIJ bursts on the same volume.
+[global]
+ioengine=io_uring
+direct=1
+size=256m
+time_based=1
+
+[iris-db-read]
+rw=randread
+bs=8k
+iodepth=1
+numjobs=4
+",
+    },
+    Profile {
         name: "wij-burst",
         summary: "IRIS write-image journal: bursts of 256 KiB sequential writes, 16 in flight",
         job: "\
 ; The IRIS write-image journal (WIJ): every write-daemon cycle writes a burst of large
 ; sequential blocks, 16 in flight (Asyncwij=16), syncs, then idles until the next cycle.
 ; Here a burst is 256 x 256 KiB (64 MiB), followed by 2 s of think time.
+; Burst size = thinktime_blocks x bs; cycle period = thinktime + the burst's own write time.
+; Change them together, one sync per burst: set = { thinktime = \"8s\",
+; thinktime_blocks = 512, fdatasync = 512 } is a 128 MiB burst about every 8 s.
 [global]
 ioengine=io_uring
 direct=1
@@ -239,6 +281,60 @@ mod tests {
         );
     }
 
+    fn parsed(name: &str, set: &[(&str, &str)]) -> lockstep_core::job::JobSpec {
+        let set: Vec<(String, String)> = set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut jobs =
+            lockstep_core::jobfile::parse_str(get(name).unwrap().job, "x".as_ref(), None, &set)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(jobs.len(), 1);
+        jobs.remove(0)
+    }
+
+    /// The IRIS profile set (docs/domain.md#mirrored-pair): 8 KiB database blocks, reads one
+    /// per process, journal writes each made durable, WIJ bursts of 16 in flight.
+    #[test]
+    fn the_iris_set_is_what_the_study_describes() {
+        use lockstep_core::job::Pattern;
+        let w = parsed("iris-db-write", &[]);
+        assert_eq!(
+            (w.pattern, w.bs[1][0].0, w.iodepth),
+            (Pattern::RandWrite, 8192, 16)
+        );
+        let r = parsed("iris-db-read", &[]);
+        assert_eq!(
+            (r.pattern, r.bs[0][0].0, r.iodepth, r.numjobs),
+            (Pattern::RandRead, 8192, 1, 4)
+        );
+        let j = parsed("journal", &[]);
+        assert_eq!((j.pattern, j.iodepth, j.fdatasync), (Pattern::Write, 1, 1));
+        let wij = parsed("wij-burst", &[]);
+        assert_eq!(wij.iodepth, 16);
+        // A burst of 256 x 256 KiB = 64 MiB, one sync per burst, 2 s of think time.
+        assert_eq!(wij.thinktime_blocks as u64 * wij.bs[1][0].0, 64 << 20);
+        assert_eq!(wij.fdatasync, wij.thinktime_blocks);
+        assert_eq!(wij.thinktime, std::time::Duration::from_secs(2));
+    }
+
+    /// The WIJ cycle's period and burst size are options, as docs/plan.md shows: the role's
+    /// `set` replaces them.
+    #[test]
+    fn the_wij_cycle_is_set_by_the_role() {
+        let wij = parsed(
+            "wij-burst",
+            &[
+                ("thinktime", "8s"),
+                ("thinktime_blocks", "512"),
+                ("fdatasync", "512"),
+            ],
+        );
+        assert_eq!(wij.thinktime, std::time::Duration::from_secs(8));
+        assert_eq!(wij.thinktime_blocks as u64 * wij.bs[1][0].0, 128 << 20);
+        assert_eq!(wij.fdatasync, 512);
+    }
+
     #[test]
     fn the_required_profiles_exist() {
         for name in [
@@ -250,6 +346,8 @@ mod tests {
             "tableau-worker",
             "wij-burst",
             "journal",
+            "iris-db-write",
+            "iris-db-read",
         ] {
             assert!(get(name).is_some(), "{name}");
         }

@@ -1274,6 +1274,111 @@ fn a_plan_runs_one_kind_of_series_and_its_sweeps_step_together() {
 }
 
 #[test]
+fn a_sweep_table_varies_volumes_numjobs_iodepth_or_rate() {
+    let plan = parse_ok(&sweep_role(
+        "sweep = { over = \"volumes\", values = [4, 5, 6, 7, 8] }",
+    ));
+    let sweep = plan.roles[0].depth_sweep.clone().expect("a sweep");
+    assert_eq!(sweep.over, SweepOver::Volumes);
+    assert_eq!(sweep.values, [4, 5, 6, 7, 8]);
+    // A volumes sweep sets no fio option.
+    let w = &plan.roles[0].workload;
+    assert_eq!(with_depth(w, SweepOver::Volumes, 6).overrides, w.overrides);
+    let plan = parse_ok(&sweep_role(
+        "sweep = { over = \"rate_iops\", values = [100, 200000] }",
+    ));
+    assert_eq!(
+        plan.roles[0].depth_sweep.as_ref().unwrap().over,
+        SweepOver::RateIops
+    );
+    let plan = parse_ok(&sweep_role(
+        "sweep = { over = \"numjobs\", values = [1, 2] }",
+    ));
+    assert_eq!(
+        plan.roles[0].depth_sweep.as_ref().unwrap().over,
+        SweepOver::Numjobs
+    );
+    // A volumes sweep keeps the role's own rate: each volume's target does not change.
+    parse_ok(&sweep_role(
+        "sweep = { over = \"volumes\", values = [1, 2] }\nrate_iops = 100",
+    ));
+}
+
+#[test]
+fn a_sweep_table_is_refused_with_its_line_and_field() {
+    let field = "role 'w': sweep.values";
+    parse_err(
+        &sweep_role("sweep = { over = \"disks\", values = [1] }"),
+        5,
+        "role 'w': sweep.over",
+        "'disks' is not something a sweep varies: \"volumes\"",
+    );
+    parse_err(
+        &sweep_role("sweep = { over = \"volumes\", values = [2, 1] }"),
+        5,
+        field,
+        "increasing order (1 comes after 2)",
+    );
+    parse_err(
+        &sweep_role("sweep = { over = \"volumes\", values = [1, 2] }\ndepth_sweep = [1, 2]"),
+        5,
+        "role 'w': sweep",
+        "give sweep or depth_sweep, not both",
+    );
+    parse_err(
+        &sweep_role("sweep = { over = \"iodepth\", values = [1, 2] }\nrate_iops = 10"),
+        5,
+        field,
+        "give rate_iops or sweep, not both",
+    );
+    parse_err(
+        &sweep_role("sweep = { over = \"rate_iops\", values = [1, 2] }\nrate_iops = 10"),
+        5,
+        field,
+        "give rate_iops or a rate_iops sweep, not both",
+    );
+    parse_err(
+        &sweep_role(
+            "volumes = [\"data1\", \"data2\"]\nsweep = { over = \"volumes\", values = [1, 3] }",
+        ),
+        6,
+        field,
+        "asks for 3 volumes, but the role's volumes list has 2",
+    );
+}
+
+#[test]
+fn the_hadoop_example_sweeps_volumes_under_an_instance_limit() {
+    let plan = load(&example("hadoop-volume-count.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let sweep = plan.roles[0].depth_sweep.as_ref().expect("a sweep");
+    assert_eq!(sweep.over, SweepOver::Volumes);
+    assert_eq!(sweep.values, [4, 5, 6, 7, 8]);
+    assert!(
+        plan.faults.iter().any(
+            |f| matches!(&f.spec.kind, FaultKind::Instance(i) if i.baseline_mb_s == Some(87.5))
+        )
+    );
+    let names: Vec<String> = (1..=8).map(|i| format!("data{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let agents = [agent("agent-1", &[("node", "agent-1")], &names)];
+    let a = resolve(&plan, &agents).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.volumes().count(), 8);
+}
+
+#[test]
+fn an_unknown_instance_type_is_refused_at_its_line_with_the_known_ones() {
+    let plan = "duration = \"1s\"\n[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n\
+                [[fault]]\nat = \"0s\"\ntarget = {}\nkind = \"instance\"\ntype = \"r4.9xlarge\"\n";
+    parse_err(
+        plan,
+        9,
+        "fault #1: type",
+        "'r4.9xlarge' is not an instance type lockstep knows (known: m5.large, r4.8xlarge, \
+         r5b.24xlarge)",
+    );
+}
+
+#[test]
 fn the_sweep_example_parses_and_resolves_on_local_agents() {
     let plan = load(&example("sweep.toml")).unwrap_or_else(|e| panic!("{e}"));
     let sweep = plan.roles[0].depth_sweep.as_ref().expect("a sweep");

@@ -196,10 +196,27 @@ pub struct NodeVerdict {
     /// Robust coefficient of variation of the node's total IOPS after the onset: low means a
     /// shared ceiling (instance IOPS or bandwidth cap).
     pub iops_cv: f64,
+    /// Mean total MB/s (10^6 bytes) of the node after the onset, and its robust CV.
+    #[serde(default)]
+    pub mb_s: f64,
+    #[serde(default)]
+    pub mb_s_cv: f64,
+    /// The ceiling the node's volumes were pinned at together, when their summed throughput
+    /// sat flat after the onset: the signature of a limit they share (an instance's EBS
+    /// bandwidth or IOPS), found in the data, not read from the fault plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<NodeCeiling>,
     /// How sure, over all its degraded volumes (a node verdict is made whatever the level).
     #[serde(default)]
     pub confidence: Confidence,
     pub impact: Impact,
+}
+
+/// A node's summed throughput held flat: `value` in `unit` ("MB/s" or "IOPS").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeCeiling {
+    pub value: f64,
+    pub unit: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
-//! A depth (or numjobs) sweep's results: per role, each step's figures beside Little's law,
-//! and the verdict on where more IOs in flight stop buying IOPS. Produced by sweep mode,
-//! rendered by the exporters.
+//! A sweep's results: per role, each step's figures beside Little's law, the verdict on where
+//! more IOs in flight stop buying IOPS, and the answer in words: where throughput per unit of
+//! what the sweep adds (a volume, a job, an IO in flight, a unit of target rate) stops holding
+//! up (`Knee`). Produced by sweep mode, rendered by the exporters.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +23,9 @@ pub struct RoleSweep {
     /// For the role (its volumes' IOPS summed, latency merged).
     pub verdict: Verdict,
     pub volume_verdicts: Vec<Verdict>,
+    /// Where it stops scaling: per node for a `volumes` sweep, else for the role.
+    #[serde(default)]
+    pub answers: Vec<Knee>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -32,6 +36,47 @@ pub struct SweepStep {
     pub dir: String,
     pub role: SweepFigures,
     pub volumes: Vec<SweepFigures>,
+    /// Each node's volumes of the role summed (how many ran, their throughput).
+    #[serde(default)]
+    pub nodes: Vec<NodeFigures>,
+}
+
+/// One node's share of a step: its volumes of the role, summed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeFigures {
+    pub node: String,
+    /// Volumes of the role on the node that ran in the step.
+    pub volumes: u32,
+    /// MB/s = 10^6 bytes/s, as objectives count it.
+    pub mb_s: f64,
+    pub iops: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KneeKind {
+    /// Throughput per unit fell: more of what the sweep adds stopped paying.
+    Knee,
+    /// Throughput per unit held up to the last step.
+    Scaling,
+    /// Fewer than two steps with data.
+    #[default]
+    Single,
+}
+
+/// The answer to "at what value does it stop scaling?" for a node or a role.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Knee {
+    /// `node agent-1`, or `role dn`.
+    pub target: String,
+    pub kind: KneeKind,
+    /// The last value that still scaled (the knee), else the last value.
+    pub at: u32,
+    /// The total at `at`, in `unit`.
+    pub total: f64,
+    /// `MB/s`, or `IOPS` for a rate sweep.
+    pub unit: String,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -55,6 +55,8 @@ pub trait IoFault: Send {
 pub mod bucket;
 /// EBS volume models (gp2, gp3, io1, io2, st1, sc1): gate, ceilings, credit forecast.
 pub mod ebs;
+/// EC2 instance EBS limits: one gate shared by all of an agent's volumes, and the type table.
+pub mod instance;
 /// `FaultSpec`, the serialized schedule entry, and its validation.
 pub mod spec;
 /// `FaultSpec` to and from the protocol's typed `Fault` message, validated on receipt.
@@ -62,8 +64,10 @@ pub mod wire;
 
 pub use bucket::{CapGate, CapUnit, TokenBucket};
 pub use ebs::{Ceilings, EbsGate, EbsModel, credit_forecast};
+pub use instance::{INSTANCE_TYPES, InstanceGate, InstanceModel};
 pub use spec::{
     BwCapSpec, CutOffSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, ExecSpec, FaultError,
-    FaultKind, FaultSpec, IopsCapSpec, KernelThrottleSpec, KillSpec, LatencyDistribution,
-    LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, Window, active_faults, validate_all,
+    FaultKind, FaultSpec, InstanceSpec, IopsCapSpec, KernelThrottleSpec, KillSpec,
+    LatencyDistribution, LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, Window,
+    active_faults, validate_all,
 };

@@ -37,6 +37,7 @@ pub enum FaultKind {
     IopsCap(IopsCapSpec),
     BwCap(BwCapSpec),
     Ebs(EbsSpec),
+    Instance(InstanceSpec),
     Latency(LatencySpec),
     Eio(EioSpec),
     Stall(StallSpec),
@@ -175,6 +176,45 @@ fn one() -> f64 {
     1.0
 }
 
+/// An EC2 instance's EBS limits, shared by all the volumes of the agent it targets (see
+/// `instance::InstanceModel`): a known `type`, or explicit baseline figures with an optional
+/// maximum (a burst for 30 minutes, time-scaled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceSpec {
+    /// An instance type of `instance::INSTANCE_TYPES`, e.g. "r4.8xlarge".
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    /// MB/s (10^6 bytes) the instance sustains across its volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_mb_s: Option<f64>,
+    /// IOPS the instance sustains across its volumes (one per started 256 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_iops: Option<u64>,
+    /// MB/s while the burst lasts (default: the baseline, no burst).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_mb_s: Option<f64>,
+    /// IOPS while the burst lasts (default: the baseline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_iops: Option<u64>,
+    /// The burst bucket drains and refills this many times faster than on AWS.
+    #[serde(default = "one")]
+    pub time_scale: f64,
+}
+
+impl Default for InstanceSpec {
+    fn default() -> Self {
+        InstanceSpec {
+            instance_type: None,
+            baseline_mb_s: None,
+            baseline_iops: None,
+            maximum_mb_s: None,
+            maximum_iops: None,
+            time_scale: 1.0,
+        }
+    }
+}
+
 /// Which IOs a fault may touch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -286,6 +326,7 @@ impl FaultKind {
             FaultKind::IopsCap(_) => "iops_cap",
             FaultKind::BwCap(_) => "bw_cap",
             FaultKind::Ebs(_) => "ebs",
+            FaultKind::Instance(_) => "instance",
             FaultKind::Latency(_) => "latency",
             FaultKind::Eio(_) => "eio",
             FaultKind::Stall(_) => "stall",
@@ -311,7 +352,10 @@ impl FaultKind {
     pub fn is_gate(&self) -> bool {
         matches!(
             self,
-            FaultKind::IopsCap(_) | FaultKind::BwCap(_) | FaultKind::Ebs(_)
+            FaultKind::IopsCap(_)
+                | FaultKind::BwCap(_)
+                | FaultKind::Ebs(_)
+                | FaultKind::Instance(_)
         )
     }
 }
@@ -399,6 +443,7 @@ impl FaultSpec {
                 }
             }
             FaultKind::Ebs(e) => validate_ebs(e).map_err(|(field, problem)| err(field, problem))?,
+            FaultKind::Instance(i) => validate_instance(i).map_err(|(f, p)| err(f, p))?,
             FaultKind::Latency(l) => {
                 check_fraction(l.fraction).map_err(|p| err("fraction", p))?;
                 match (l.add_us, l.distribution) {
@@ -612,6 +657,79 @@ fn validate_ebs(e: &EbsSpec) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+/// An instance is a known `type` or explicit figures, never both: a type with a changed figure
+/// would be neither what AWS sells nor what the plan's reader expects.
+fn validate_instance(i: &InstanceSpec) -> Result<(), (&'static str, String)> {
+    if !(i.time_scale.is_finite() && i.time_scale > 0.0) {
+        return Err((
+            "time_scale",
+            format!("must be a number > 0, got {}", i.time_scale),
+        ));
+    }
+    let known = super::instance::known_instance_types;
+    let figures = [
+        ("baseline_mb_s", i.baseline_mb_s.is_some()),
+        ("baseline_iops", i.baseline_iops.is_some()),
+        ("maximum_mb_s", i.maximum_mb_s.is_some()),
+        ("maximum_iops", i.maximum_iops.is_some()),
+    ];
+    if let Some(t) = &i.instance_type {
+        if super::instance::instance_type(t).is_none() {
+            return Err((
+                "type",
+                format!(
+                    "'{t}' is not an instance type lockstep knows (known: {}); for another type \
+                     give its baseline_mb_s and baseline_iops from AWS's table instead",
+                    known()
+                ),
+            ));
+        }
+        if let Some(&(f, _)) = figures.iter().find(|(_, set)| *set) {
+            return Err((
+                f,
+                format!("is not allowed with type = \"{t}\": give a type or figures, not both"),
+            ));
+        }
+        return Ok(());
+    }
+    if i.baseline_mb_s.is_none() && i.baseline_iops.is_none() {
+        return Err((
+            "type/baseline_mb_s/baseline_iops",
+            format!(
+                "one must be set: a known type ({}) or the instance's baseline figures",
+                known()
+            ),
+        ));
+    }
+    let mb = |f: &'static str, v: Option<f64>| match v {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err((f, format!("must be > 0 MB/s, got {v}"))),
+        _ => Ok(()),
+    };
+    mb("baseline_mb_s", i.baseline_mb_s)?;
+    mb("maximum_mb_s", i.maximum_mb_s)?;
+    if i.baseline_iops == Some(0) {
+        return Err(("baseline_iops", "must be > 0".into()));
+    }
+    let below =
+        |max: Option<f64>, base: Option<f64>| matches!((max, base), (Some(m), Some(b)) if m < b);
+    if i.maximum_mb_s.is_some() && i.baseline_mb_s.is_none() {
+        return Err(("maximum_mb_s", "needs baseline_mb_s".into()));
+    }
+    if below(i.maximum_mb_s, i.baseline_mb_s) {
+        return Err(("maximum_mb_s", "must be at least baseline_mb_s".into()));
+    }
+    if i.maximum_iops.is_some() && i.baseline_iops.is_none() {
+        return Err(("maximum_iops", "needs baseline_iops".into()));
+    }
+    if below(
+        i.maximum_iops.map(|v| v as f64),
+        i.baseline_iops.map(|v| v as f64),
+    ) {
+        return Err(("maximum_iops", "must be at least baseline_iops".into()));
+    }
+    Ok(())
+}
+
 /// A field of one `FaultSpec` breaks a rule.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{field} {problem}")]
@@ -694,6 +812,23 @@ impl fmt::Display for FaultSpec {
                     write!(f, " (credits x{})", e.time_scale)?;
                 }
             }
+            FaultKind::Instance(i) => {
+                write!(f, "instance")?;
+                match &i.instance_type {
+                    Some(t) => write!(f, " {t}")?,
+                    None => {
+                        if let Some(m) = i.baseline_mb_s {
+                            write!(f, " {m} MB/s")?;
+                        }
+                        if let Some(n) = i.baseline_iops {
+                            write!(f, " {n} IOPS")?;
+                        }
+                    }
+                }
+                if i.time_scale != 1.0 {
+                    write!(f, " (burst x{})", i.time_scale)?;
+                }
+            }
             FaultKind::Latency(l) => {
                 match (l.add_us, l.distribution) {
                     (Some(us), _) => write!(f, "latency +{us}us")?,
@@ -773,6 +908,60 @@ mod tests {
         );
         let back: FaultSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn an_instance_is_a_known_type_or_figures() {
+        let parse = |j: &str| serde_json::from_str::<FaultSpec>(j).unwrap();
+        let check = |j: &str| parse(j).validate();
+        check(r#"{"kind":"instance","type":"r4.8xlarge"}"#).unwrap();
+        check(r#"{"kind":"instance","baseline_mb_s":87.5}"#).unwrap();
+        check(r#"{"kind":"instance","baseline_iops":500,"maximum_iops":900,"time_scale":60}"#)
+            .unwrap();
+        let e = check(r#"{"kind":"instance","type":"r4.9xlarge"}"#).unwrap_err();
+        assert_eq!((e.kind, e.field), ("instance", "type"));
+        assert!(
+            e.problem.starts_with(
+                "'r4.9xlarge' is not an instance type lockstep knows (known: m5.large, \
+                 r4.8xlarge, r5b.24xlarge)"
+            ),
+            "{e}"
+        );
+        let field = |j: &str| check(j).unwrap_err().field;
+        assert_eq!(
+            field(r#"{"kind":"instance","type":"m5.large","baseline_mb_s":1}"#),
+            "baseline_mb_s"
+        );
+        assert_eq!(
+            field(r#"{"kind":"instance"}"#),
+            "type/baseline_mb_s/baseline_iops"
+        );
+        assert_eq!(
+            field(r#"{"kind":"instance","baseline_mb_s":0}"#),
+            "baseline_mb_s"
+        );
+        assert_eq!(
+            field(r#"{"kind":"instance","baseline_mb_s":10,"maximum_mb_s":5}"#),
+            "maximum_mb_s"
+        );
+        assert_eq!(
+            field(r#"{"kind":"instance","baseline_mb_s":10,"maximum_iops":5}"#),
+            "maximum_iops"
+        );
+        assert_eq!(
+            field(r#"{"kind":"instance","type":"m5.large","time_scale":0}"#),
+            "time_scale"
+        );
+        assert!(serde_json::from_str::<FaultSpec>(r#"{"kind":"instance","typo":1}"#).is_err());
+        assert_eq!(
+            parse(r#"{"kind":"instance","type":"m5.large","time_scale":60}"#).to_string(),
+            "instance m5.large (burst x60) from 0 s"
+        );
+        assert!(
+            parse(r#"{"kind":"instance","baseline_mb_s":87.5}"#)
+                .kind
+                .is_gate()
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use lockstep_proto::v1::latency_fault::Distribution as PbDistribution;
 
 use super::spec::{
     BwCapSpec, CutOffSpec, Directions, DropWritesSpec, EbsSpec, EioSpec, ExecSpec, FaultError,
-    FaultKind, FaultSpec, IopsCapSpec, KernelThrottleSpec, KillSpec, LatencyDistribution,
-    LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, validate_all,
+    FaultKind, FaultSpec, InstanceSpec, IopsCapSpec, KernelThrottleSpec, KillSpec,
+    LatencyDistribution, LatencySpec, PauseSpec, SpecError, StallSpec, VolumeType, validate_all,
 };
 
 impl From<&FaultSpec> for pb::Fault {
@@ -63,6 +63,14 @@ fn kind_to_wire(kind: &FaultKind) -> PbKind {
             provisioned_mib_s: e.provisioned_mib_s,
             time_scale: e.time_scale,
             initial_credit_fraction: e.initial_credit_fraction,
+        }),
+        FaultKind::Instance(i) => PbKind::Instance(pb::InstanceFault {
+            instance_type: i.instance_type.clone(),
+            baseline_mb_s: i.baseline_mb_s,
+            baseline_iops: i.baseline_iops,
+            maximum_mb_s: i.maximum_mb_s,
+            maximum_iops: i.maximum_iops,
+            time_scale: i.time_scale,
         }),
         FaultKind::Latency(l) => PbKind::Latency(pb::LatencyFault {
             add_us: l.add_us,
@@ -170,6 +178,14 @@ fn kind_from_wire(kind: PbKind) -> Result<FaultKind, SpecError> {
             time_scale: e.time_scale,
             initial_credit_fraction: e.initial_credit_fraction,
         }),
+        PbKind::Instance(i) => FaultKind::Instance(InstanceSpec {
+            instance_type: i.instance_type,
+            baseline_mb_s: i.baseline_mb_s,
+            baseline_iops: i.baseline_iops,
+            maximum_mb_s: i.maximum_mb_s,
+            maximum_iops: i.maximum_iops,
+            time_scale: i.time_scale,
+        }),
         PbKind::Latency(l) => FaultKind::Latency(LatencySpec {
             add_us: l.add_us,
             distribution: l.distribution.map(|d| match d {
@@ -218,7 +234,7 @@ impl TryFrom<&pb::Fault> for FaultSpec {
             malformed(
                 "?",
                 "kind",
-                "is missing (iops_cap, bw_cap, ebs, latency, eio, stall, drop_writes, \
+                "is missing (iops_cap, bw_cap, ebs, instance, latency, eio, stall, drop_writes, \
                  kernel_throttle, kill, pause, cut_off or exec)",
             )
         })?;
@@ -274,6 +290,8 @@ mod tests {
             r#"{"kind":"pause","at_ms":1000,"duration_ms":500}"#,
             r#"{"kind":"cut_off","at_ms":50,"duration_ms":300}"#,
             r#"{"kind":"exec","duration_ms":10,"start":"true","end":"false","timeout_ms":1000}"#,
+            r#"{"kind":"instance","type":"m5.large","time_scale":60.0}"#,
+            r#"{"kind":"instance","baseline_mb_s":87.5,"baseline_iops":500,"maximum_mb_s":100.25,"maximum_iops":900}"#,
         ];
         json.iter()
             .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("{j}: {e}")))

@@ -1717,10 +1717,12 @@ fn node_verdict(
         0.0,
         0.0,
     );
+    let mut node_mb = BTreeMap::<usize, f64>::new();
     for &(v, _) in group {
         for (i, p) in ctx.points(v, onset, end) {
             let rel = relative(p, ctx.stats(v, i), ctx.opts);
             *node_iops.entry(i).or_default() += p.iops();
+            *node_mb.entry(i).or_default() += interval_mb_s(p);
             *node_peer.entry(i).or_default() += rel.peer_iops.unwrap_or(0.0);
             if let (true, Some(pl)) = (has_latency(p), rel.peer_lat) {
                 lat += p.lat_mean_us;
@@ -1731,6 +1733,10 @@ fn node_verdict(
     let mut totals: Vec<f64> = node_iops.values().copied().collect();
     let iops = mean(&totals);
     let iops_cv = stats::robust_cv(&mut totals).unwrap_or(0.0);
+    let mut mb: Vec<f64> = node_mb.values().copied().collect();
+    let mb_s = mean(&mb);
+    let mb_s_cv = stats::robust_cv(&mut mb).unwrap_or(0.0);
+    let ceiling = node_ceiling(ctx.opts, (mb_s, mb_s_cv), (iops, iops_cv), totals.len());
     let peer_iops = mean(&node_peer.values().copied().collect::<Vec<_>>());
     let cluster = mean(
         &node_iops
@@ -1753,10 +1759,61 @@ fn node_verdict(
         iops,
         peer_iops,
         iops_cv,
+        mb_s,
+        mb_s_cv,
+        ceiling,
         confidence: node_confidence(ctx, group, onset, end),
         impact: impact(cluster, iops, peer_iops, lat, peer_lat),
     };
     (Verdict::Node(v), (score, onset))
+}
+
+/// MB/s (10^6 bytes) of one interval, both directions.
+fn interval_mb_s(p: &VolumePoint) -> f64 {
+    if p.len_ms == 0 {
+        return 0.0;
+    }
+    (p.bytes[0] + p.bytes[1]) as f64 / 1e3 / p.len_ms as f64
+}
+
+/// Intervals of a node's sum it takes to call it flat: fewer could be flat by chance.
+const CEILING_MIN_INTERVALS: usize = 3;
+
+/// The ceiling a node's volumes were pinned at together: its summed MB/s (else IOPS) held within
+/// `throttle_cv` over the slowdown, as a volume's throttle is recognised. Volumes that are slow
+/// on their own vary with their own troubles; volumes that share a ceiling trade throughput
+/// among themselves while their sum stays put.
+fn node_ceiling(
+    opts: &AnalysisOptions,
+    (mb_s, mb_s_cv): (f64, f64),
+    (iops, iops_cv): (f64, f64),
+    intervals: usize,
+) -> Option<NodeCeiling> {
+    if intervals < CEILING_MIN_INTERVALS {
+        return None;
+    }
+    // The flatter of the two names the ceiling; with one IO size they are equally flat, and
+    // large IOs meet a bandwidth limit first, small ones an IOPS limit (AWS quotes instance
+    // throughput at 128 KiB IOs: docs/domain.md#instance-limits).
+    let large_ios = iops > 0.0 && mb_s * 1e6 / iops >= 128.0 * 1024.0;
+    let bandwidth = if (mb_s_cv - iops_cv).abs() <= 0.01 {
+        large_ios
+    } else {
+        mb_s_cv < iops_cv
+    };
+    if bandwidth && mb_s > 0.0 && mb_s_cv <= opts.throttle_cv {
+        Some(NodeCeiling {
+            value: mb_s,
+            unit: "MB/s".into(),
+        })
+    } else if iops > 0.0 && iops_cv <= opts.throttle_cv {
+        Some(NodeCeiling {
+            value: iops,
+            unit: "IOPS".into(),
+        })
+    } else {
+        None
+    }
 }
 
 /// A node verdict's confidence: the same figures as a volume's, over all its degraded volumes

@@ -156,8 +156,20 @@ pub fn split_point(xs: &[f64]) -> Option<(usize, f64)> {
 /// interval of the run that was flagged persistently.
 pub fn step_onset(xs: &[f64], min_step: f64, hint: usize) -> Option<usize> {
     let (k0, _) = split_point(xs)?;
-    let low = median(&mut xs[..k0].to_vec())?;
-    let high = median(&mut xs[k0..].to_vec())?;
+    let levels = |k: usize| {
+        Some((
+            median(&mut xs[..k].to_vec())?,
+            median(&mut xs[k..].to_vec())?,
+        ))
+    };
+    let (mut low, mut high) = levels(k0)?;
+    // One tall spike early in a long quiet window (a GC pause at 20x, 130 intervals before a
+    // 10-interval 1.3x slowdown) is a better least-squares split than the step itself, and
+    // both of its segments' medians are quiet. The hint (where the persistent flags began) then
+    // estimates the levels instead.
+    if high - low < min_step && hint > 0 && hint < xs.len() {
+        (low, high) = levels(hint)?;
+    }
     if high - low < min_step {
         return None;
     }
@@ -326,6 +338,21 @@ mod tests {
         tie.extend([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
         assert_eq!(step_onset(&tie, 0.4, 10), Some(10));
         assert_eq!(step_onset(&tie, 0.4, 12), Some(12));
+    }
+
+    #[test]
+    fn step_onset_finds_a_short_late_step_after_an_early_spike() {
+        // 130 quiet intervals with one 20x spike early on, then 10 at 1.3x: least squares
+        // splits at the spike, the hint (first persistently flagged interval) finds the step.
+        let mut xs = vec![0.01; 130];
+        xs[3] = 20f64.ln();
+        xs.extend([1.3f64.ln(); 10]);
+        assert_eq!(split_point(&xs).unwrap().0, 4);
+        assert_eq!(step_onset(&xs, 0.146, 130), Some(130));
+        // Without a step at the hint either, still none.
+        let mut flat = vec![0.01; 140];
+        flat[3] = 20f64.ln();
+        assert_eq!(step_onset(&flat, 0.146, 130), None);
     }
     #[test]
     fn mad_factor_makes_small_sample_sigmas_unbiased() {

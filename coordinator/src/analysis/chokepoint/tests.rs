@@ -270,6 +270,78 @@ fn sustained_errors_are_blamed_sporadic_ones_are_not() {
     assert!(r.also.is_empty());
 }
 
+/// Three datanodes of four volumes doing 1 MiB IOs; from interval 150 worker-2's volumes share
+/// one ceiling of `node_ios` IOs per second: each volume's share moves from interval to
+/// interval (`share`), their sum does not.
+fn shared_ceiling(node_ios: f64, share: f64) -> Timeline {
+    let mut t = cluster(3, 4, 300, |node, _, k| {
+        let cap = if node == 1 && k >= 150 {
+            node_ios / 4.0
+        } else {
+            f64::INFINITY
+        };
+        (1.0, cap)
+    });
+    for k in 150..300 {
+        let w: Vec<f64> = (4..8).map(|v| jitter(v, k, share)).collect();
+        let sum: f64 = w.iter().sum();
+        for (j, v) in (4..8).enumerate() {
+            let p = &mut t.volumes[v].points[k];
+            p.ios[0] = (node_ios * w[j] / sum).round() as u64;
+            p.lat_mean_us = 8.0 / p.ios[0] as f64 * 1e6;
+        }
+    }
+    for p in t.volumes.iter_mut().flat_map(|v| &mut v.points) {
+        p.bytes[0] = p.ios[0] << 20;
+    }
+    t
+}
+
+#[test]
+fn a_node_pinned_at_a_shared_bandwidth_ceiling_is_named_an_instance_limit() {
+    // 834 IOs of 1 MiB a second: 874.5 MB/s, r4.8xlarge's 875 (docs/domain.md#instance-limits).
+    let t = shared_ceiling(834.0, 0.3);
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!((n.node.as_str(), n.volumes.len()), ("worker-2", 4), "{n:?}");
+    let c = n.ceiling.as_ref().expect("a ceiling");
+    assert_eq!(c.unit, "MB/s", "{n:?}");
+    assert!((c.value - 874.5).abs() < 3.0, "{c:?}");
+    let text = render_text(&r);
+    assert!(
+        text.contains("node worker-2: its 4 volumes together pinned at 87"),
+        "{text}"
+    );
+    assert!(text.contains(" MB/s from t="), "{text}");
+    assert!(text.contains(": an instance limit"), "{text}");
+}
+
+#[test]
+fn a_node_whose_sum_moves_is_not_called_pinned() {
+    // worker-2's volumes slow down together, but by 2x then 5x in turns: no flat sum.
+    let t = cluster(3, 4, 300, |node, _, k| {
+        let slow = if node == 1 && k >= 150 {
+            if (k / 5) % 2 == 0 { 2.0 } else { 5.0 }
+        } else {
+            1.0
+        };
+        (slow, f64::INFINITY)
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(n.node, "worker-2");
+    assert_eq!(n.ceiling, None, "{n:?}");
+    assert!(n.iops_cv > 0.1 && n.mb_s_cv > 0.1, "{n:?}");
+    assert!(
+        render_text(&r).contains("node worker-2: 4 of its 4 volumes degraded together"),
+        "the old wording"
+    );
+}
+
 #[test]
 fn node_wide_limit_names_the_node() {
     // worker-4's three volumes are all capped at 1,000 IOPS from interval 200.
@@ -291,6 +363,10 @@ fn node_wide_limit_names_the_node() {
     assert_eq!((n.volumes.len(), n.volumes_total), (3, 3));
     assert!(n.onset_interval.abs_diff(200) <= 2);
     assert!((n.iops - 3000.0).abs() < 10.0 && n.iops_cv < 0.01);
+    // Its sum sat flat: a ceiling, in IOPS for 8 KiB IOs.
+    let c = n.ceiling.as_ref().expect("a ceiling");
+    assert_eq!(c.unit, "IOPS");
+    assert!((c.value - 3000.0).abs() < 10.0, "{c:?}");
     assert!(no_single_volume(&r));
 
     // Only one of its three volumes: that volume, not the node.

@@ -530,6 +530,14 @@ pub fn sweep(r: &RunResults) -> String {
             &chart.svg(),
             &format!("Role {}: {}", role.role, role.verdict.text),
         ));
+        // Where it stops scaling, in words (per node for a volumes sweep).
+        for k in &role.answers {
+            s.push_str(&format!(
+                "<p class=\"answer\">{}: {}</p>\n",
+                esc(&k.target),
+                esc(&k.text)
+            ));
+        }
     }
     s
 }

@@ -197,3 +197,33 @@ fn credit_cliff_answer() -> crate::results::chokepoint::ChokepointReport {
         phases: vec![],
     }
 }
+
+#[test]
+fn a_sweeps_answers_are_stated_below_its_chart_escaped() {
+    use crate::results::sweep::{Knee, KneeKind, RoleSweep, SweepReport};
+    let mut r = quickstart_like();
+    r.series = Some(crate::results::Series {
+        sweep: Some(SweepReport {
+            roles: vec![RoleSweep {
+                role: "dn".into(),
+                answers: vec![Knee {
+                    target: "node agent-1".into(),
+                    kind: KneeKind::Knee,
+                    at: 6,
+                    total: 86.9,
+                    unit: "MB/s".into(),
+                    text: "the node stops scaling at 6 volumes <here>".into(),
+                }],
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    });
+    let html = sections::sweep(&r);
+    assert!(
+        html.contains(
+            "<p class=\"answer\">node agent-1: the node stops scaling at 6 volumes &lt;here&gt;</p>"
+        ),
+        "{html}"
+    );
+}

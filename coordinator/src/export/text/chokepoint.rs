@@ -139,6 +139,17 @@ pub fn live_lines(r: &ChokepointReport, max_forecasts: usize) -> Vec<String> {
     lines
 }
 
+/// `875 MB/s`, `87.5 MB/s`, `3,000 IOPS`.
+fn ceiling_text(c: &crate::results::chokepoint::NodeCeiling) -> String {
+    if c.unit == "IOPS" {
+        format!("{} IOPS", count(c.value))
+    } else if c.value >= 100.0 {
+        format!("{:.0} {}", c.value, c.unit)
+    } else {
+        format!("{:.1} {}", c.value, c.unit)
+    }
+}
+
 fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
     match v {
         Verdict::None => s.push_str(
@@ -146,19 +157,39 @@ fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
         ),
         Verdict::Volume(v) => volume_text(s, v, detail),
         Verdict::Node(n) => {
-            let _ = writeln!(
-                s,
-                "node {}: {} of its {} volumes degraded together from t={}, node IOPS {} {} vs {} at its volumes' peers' level; this looks like a node-level limit (instance IOPS or bandwidth cap, CPU), not one volume; the cluster would do {} more with it fixed{}",
-                n.node,
-                n.volumes.len(),
-                n.volumes_total,
-                format_duration_ms(n.onset_ms),
-                if n.iops_cv <= 0.1 { "flat at" } else { "at" },
-                count(n.iops),
-                count(n.peer_iops),
-                more(n.impact.independent_speedup),
-                small_gain_note(n.impact.independent_speedup, n.impact.barrier_speedup, "node"),
-            );
+            match &n.ceiling {
+                Some(c) => {
+                    let _ = writeln!(
+                        s,
+                        "node {}: {} together pinned at {} from t={}: an instance limit (a ceiling the node's volumes share, such as its EBS bandwidth or IOPS), not one volume; the cluster would do {} more with it fixed{}",
+                        n.node,
+                        if n.volumes.len() == n.volumes_total {
+                            format!("its {} volumes", n.volumes_total)
+                        } else {
+                            format!("{} of its {} volumes", n.volumes.len(), n.volumes_total)
+                        },
+                        ceiling_text(c),
+                        format_duration_ms(n.onset_ms),
+                        more(n.impact.independent_speedup),
+                        small_gain_note(n.impact.independent_speedup, n.impact.barrier_speedup, "node"),
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "node {}: {} of its {} volumes degraded together from t={}, node IOPS {} {} vs {} at its volumes' peers' level; this looks like a node-level limit (instance IOPS or bandwidth cap, CPU), not one volume; the cluster would do {} more with it fixed{}",
+                        n.node,
+                        n.volumes.len(),
+                        n.volumes_total,
+                        format_duration_ms(n.onset_ms),
+                        if n.iops_cv <= 0.1 { "flat at" } else { "at" },
+                        count(n.iops),
+                        count(n.peer_iops),
+                        more(n.impact.independent_speedup),
+                        small_gain_note(n.impact.independent_speedup, n.impact.barrier_speedup, "node"),
+                    );
+                }
+            }
             if detail {
                 let _ = writeln!(s, "  {}", confidence_text(&n.confidence));
             }

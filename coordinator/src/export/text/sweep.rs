@@ -14,6 +14,8 @@ pub fn render_text(r: &SweepReport) -> String {
         let what = match rs.over {
             SweepOver::Iodepth => "iodepth of every job",
             SweepOver::Numjobs => "numjobs of every job, each at its iodepth",
+            SweepOver::Volumes => "volumes of each agent running the workload",
+            SweepOver::RateIops => "open-loop rate per volume",
         };
         let _ = writeln!(
             o,
@@ -51,6 +53,7 @@ pub fn render_text(r: &SweepReport) -> String {
             );
         }
         let _ = writeln!(o, "  verdict: {}", rs.verdict.text);
+        render_throughput(&mut o, rs);
         if !short.is_empty() {
             let _ = writeln!(
                 o,
@@ -79,4 +82,39 @@ pub fn render_text(r: &SweepReport) -> String {
         }
     }
     o
+}
+
+/// Per node and step: how many volumes ran, MB/s per volume and in all; then the answers.
+fn render_throughput(o: &mut String, rs: &crate::results::sweep::RoleSweep) {
+    use std::fmt::Write;
+    let w = rs.over.word();
+    let mut nodes: Vec<&str> = Vec::new();
+    for n in rs.steps.iter().flat_map(|s| &s.nodes) {
+        if !nodes.contains(&n.node.as_str()) {
+            nodes.push(&n.node);
+        }
+    }
+    if !nodes.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:>7}  {:<12} {:>7} {:>15} {:>10} {:>10}",
+            w, "node", "volumes", "MB/s per volume", "node MB/s", "node IOPS"
+        );
+    }
+    for s in &rs.steps {
+        for n in nodes
+            .iter()
+            .filter_map(|name| s.nodes.iter().find(|n| &n.node == name))
+        {
+            let per = n.mb_s / f64::from(n.volumes.max(1));
+            let _ = writeln!(
+                o,
+                "  {:>7}  {:<12} {:>7} {:>15.1} {:>10.1} {:>10.0}",
+                s.depth, n.node, n.volumes, per, n.mb_s, n.iops
+            );
+        }
+    }
+    for k in &rs.answers {
+        let _ = writeln!(o, "  answer: {}: {}", k.target, k.text);
+    }
 }
