@@ -25,6 +25,7 @@
 //! - `verify`: exact data verification (block headers, generations of acknowledged writes,
 //!   saved state, lost/stale/corrupt blocks by offset);
 //! - `fault/`: faults in the agent's own IO path (caps, EBS credit models, ...);
+//! - `mirror/`: mirrored pairs: a primary's writes written again by a backup agent;
 //! - `daemon/`: `lockstep-agent serve`, the gRPC service the coordinator drives;
 //! - `registry`: membership in etcd (a key under a lease that disappears when the agent dies);
 //! - `simulate/`: `lockstep-agent simulate`, many simulated agents speaking the real protocol in
@@ -38,6 +39,7 @@ pub mod daemon;
 pub mod engine;
 pub mod fault;
 pub mod layout;
+pub mod mirror;
 pub mod progress;
 pub mod rate;
 pub mod runner;

@@ -673,6 +673,7 @@ fn work_with(text: impl Strategy<Value = String>) -> impl Strategy<Value = Volum
             jobfile,
             overrides,
             faults,
+            mirror: None,
         })
 }
 
@@ -1071,6 +1072,7 @@ fn runs_with_hostile_work() {
                         jobfile,
                         overrides,
                         faults,
+                        mirror: None,
                     }),
                 1..3,
             ),
@@ -1145,6 +1147,7 @@ fn malformed_faults_are_refused_naming_the_field() {
                     jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".to_string(),
                     overrides: HashMap::new(),
                     faults: vec![valid.clone(), bad],
+                    mirror: None,
                 }],
                 interval_ms: 1000,
                 keep_files: false,

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
-    HelloRequest, LayoutStatusReply, LayoutStatusRequest, PrepareReply, PrepareRequest, RunEvent,
-    StartRequest, Volume, VolumeInterval,
+    HelloRequest, LayoutStatusReply, LayoutStatusRequest, MirrorAck, MirrorWrite, PrepareReply,
+    PrepareRequest, RunEvent, StartRequest, Volume, VolumeInterval,
 };
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tokio::sync::mpsc;
@@ -205,6 +205,8 @@ struct PreparedVolume {
     open_loop: bool,
     /// The volume's throttle cgroup when it has `kernel_throttle` faults (removed on drop).
     throttle: Option<Arc<crate::fault::kernel::ThrottleGroup>>,
+    /// Where its writes are mirrored, if its role mirrors them.
+    mirror: Option<lockstep_proto::v1::MirrorTarget>,
 }
 
 enum Phase {
@@ -473,6 +475,14 @@ impl AgentService {
         }
         let faults = crate::fault::wire::from_wire(&work.faults)
             .map_err(|e| format!("volume '{}': {e}", work.volume))?;
+        if let Some(m) = &work.mirror {
+            if m.backup_address.is_empty() || m.backup_volume.is_empty() {
+                return Err(format!(
+                    "volume '{}': mirror: the backup's address and volume are required",
+                    work.volume
+                ));
+            }
+        }
         for f in faults.iter().filter(|f| f.kind.is_agent_wide()) {
             agent_faults::check(f, cfg.allow_exec)
                 .map_err(|e| format!("volume '{}': fault {e}", work.volume))?;
@@ -532,6 +542,7 @@ impl AgentService {
             configured_depth,
             open_loop,
             throttle,
+            mirror: work.mirror.clone(),
         })
     }
 }
@@ -856,7 +867,29 @@ impl Agent for AgentService {
             },
         }
     }
+
+    type MirrorStream = MirrorAckStream;
+
+    /// A primary's mirrored writes (`crate::mirror::backup`), behind the same token check as
+    /// every call; a `cut_off` fault refuses it and breaks a stream in progress.
+    async fn mirror(
+        &self,
+        req: Request<tonic::Streaming<MirrorWrite>>,
+    ) -> Result<Response<MirrorAckStream>, Status> {
+        let volumes = Arc::new(self.shared.cfg.volumes.clone());
+        let cut_off = self.shared.cut_off.clone();
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(crate::mirror::backup::serve_stream(
+            volumes,
+            req.into_inner(),
+            tx,
+            move || cut_off.refusal(),
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 }
+
+type MirrorAckStream = Pin<Box<dyn Stream<Item = Result<MirrorAck, Status>> + Send>>;
 
 /// What a panic said, for the run's error.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -898,7 +931,12 @@ pub async fn serve(
         let m = service.metrics();
         tokio::spawn(async move { metrics::serve(l, m).await });
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // No Nagle on accepted connections: a mirror's acks and the interval reports are small
+    // messages, and Nagle's wait for the peer's delayed ACK added milliseconds to each.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
+    );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
@@ -1170,6 +1208,7 @@ mod tests {
                     jobfile: jobfile.clone(),
                     overrides: Default::default(),
                     faults: Vec::new(),
+                    mirror: None,
                 })
                 .collect(),
             interval_ms: 1000,
@@ -1443,6 +1482,7 @@ mod tests {
                     jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".into(),
                     overrides: Default::default(),
                     faults: Vec::new(),
+                    mirror: None,
                 }],
                 interval_ms: 100,
                 keep_files: false,

@@ -8,8 +8,8 @@
 //!   → finish: the final result (with the run's error), the agent idle again
 //! ```
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use lockstep_proto::v1::{DirTotals, FaultEvent, FinalResult, RunEvent, VolumeResult, run_event};
@@ -20,6 +20,12 @@ use crate::fault::FaultSpec;
 use crate::report::fio_json;
 use crate::runner::{self, CloneFaults, RunOptions};
 use crate::stats::DirStats;
+
+/// A mirrored volume's link settings and the figures its clones' links add up into.
+type MirrorSetup = (
+    crate::mirror::LinkConfig,
+    Arc<Mutex<crate::mirror::MirrorStats>>,
+);
 
 /// What `Prepare` and `Start` said about a run.
 pub(super) struct RunSetup {
@@ -251,6 +257,7 @@ impl ActiveRun {
                 limits_done.clone(),
             );
         }
+        let mirror = v.mirror.as_ref().map(|m| self.mirror_of(&v.name, m));
         let opts = RunOptions {
             stop: self.stop.clone(),
             keep_files: self.setup.keep_files,
@@ -260,12 +267,45 @@ impl ActiveRun {
                 inner: aggregator,
                 started: io_started,
             })),
-            faults: self.clone_faults(faults, throttle, instances),
+            faults: self.clone_faults(faults, throttle, instances, mirror.clone()),
             ..RunOptions::default()
         };
         let report = v.run.execute(&opts);
         limits_done.store(true, Ordering::Relaxed);
-        volume_result(v.name, v.open_loop, &report)
+        let mut result = volume_result(v.name, v.open_loop, &report);
+        if let (Some((cfg, sink)), Some(m)) = (mirror, &v.mirror) {
+            let stats = sink.lock().unwrap();
+            result.mirror = Some(stats.to_wire(&cfg.backup_agent, m.sync, m.delay_us));
+        }
+        result
+    }
+
+    /// A mirrored volume's link settings (each clone starts its own link) and the figures its
+    /// links add up into.
+    fn mirror_of(&self, volume: &str, m: &lockstep_proto::v1::MirrorTarget) -> MirrorSetup {
+        let origin = Instant::now()
+            + self
+                .setup
+                .start_at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+        let cfg = crate::mirror::LinkConfig {
+            run_id: self.setup.run_id.clone(),
+            primary: format!("{}/{volume}", self.shared.cfg.name),
+            backup_agent: m.backup_agent.clone(),
+            backup_address: m.backup_address.clone(),
+            backup_volume: m.backup_volume.clone(),
+            sync: m.sync,
+            delay: Duration::from_micros(m.delay_us),
+            failover_after: (m.failover_after_ms > 0)
+                .then(|| Duration::from_millis(m.failover_after_ms)),
+            token: self.shared.cfg.token.clone(),
+            origin,
+        };
+        (
+            cfg,
+            Arc::new(Mutex::new(crate::mirror::MirrorStats::default())),
+        )
     }
 
     /// The faults of each of a volume's clones: `None` when the volume has none.
@@ -274,8 +314,9 @@ impl ActiveRun {
         faults: Arc<Vec<FaultSpec>>,
         throttle: Option<Arc<crate::fault::kernel::ThrottleGroup>>,
         instances: &[crate::fault::InstanceShare],
+        mirror: Option<MirrorSetup>,
     ) -> Option<Arc<runner::FaultFactory>> {
-        if faults.is_empty() {
+        if faults.is_empty() && mirror.is_none() {
             return None;
         }
         let fault_seed = unix_ns(self.setup.start_at) as u64;
@@ -294,6 +335,16 @@ impl ActiveRun {
                 enter: throttle.clone().map(|t| {
                     Box::new(move || t.enter_current_thread().map_err(|e| e.to_string()))
                         as Box<dyn FnOnce() -> Result<(), String> + Send>
+                }),
+                mirror: mirror.as_ref().and_then(|(cfg, sink)| {
+                    match crate::mirror::MirrorLink::start(cfg.clone(), sink.clone()) {
+                        Ok(link) => Some(Box::new(link) as Box<dyn runner::MirrorHook>),
+                        Err(e) => {
+                            let mut s = sink.lock().unwrap();
+                            s.link_error = format!("cannot start the mirror link: {e}");
+                            None
+                        }
+                    }
                 }),
             }
         }))
@@ -354,6 +405,7 @@ fn volume_result(
         write: Some(dir_totals(&totals[1])),
         stuck: stuck_ios(report),
         stuck_count: report.jobs.iter().map(|j| j.stats.stuck_count).sum(),
+        mirror: None,
     }
 }
 

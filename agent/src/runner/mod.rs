@@ -67,6 +67,24 @@ pub struct CloneFaults {
     /// Called first on the clone's thread, before its engine starts any thread of its own
     /// (the kernel throttle moves the thread into its cgroup here). An error ends the clone.
     pub enter: Option<Box<dyn FnOnce() -> Result<(), String> + Send>>,
+    /// Where the clone's writes are mirrored (a plan role's `mirror`), see `crate::mirror`.
+    pub mirror: Option<Box<dyn MirrorHook>>,
+}
+
+/// The IO loop's side of a mirror: each write finished locally is handed over, and in sync
+/// mode its completion waits until the mirror releases its sequence number (the backup's ack,
+/// or a fail-over). Only an atomic load per pass while writes wait, so the loop stays cheap.
+pub trait MirrorHook: Send {
+    /// A write of `len` bytes at `offset` finished locally at `done`, `local_ns` after it was
+    /// ready (fio's lat: submission and completion). `Some(seq)`: the IO completes only once `released() >= seq`.
+    fn written(&mut self, offset: u64, len: u32, local_ns: u64, done: Instant) -> Option<u64>;
+    /// Every held write up to this sequence number may complete.
+    fn released(&self) -> u64;
+    /// Sleeps until `released() >= seq` or `until`: the loop's wait when only writes held for
+    /// the mirror are in flight, woken by the ack itself rather than by polling.
+    fn wait_released(&self, seq: u64, until: Instant);
+    /// The held write `seq` completed for the job at `at`, `total_ns` after it was ready.
+    fn finished(&mut self, seq: u64, total_ns: u64, at: Instant);
 }
 
 /// Builds the faults of (job index, clone); `None` for no faults.

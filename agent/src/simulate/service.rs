@@ -352,6 +352,18 @@ impl Agent for SimAgent {
             "a simulated agent keeps no events to replay on a re-attach",
         ))
     }
+
+    type MirrorStream =
+        Pin<Box<dyn Stream<Item = Result<lockstep_proto::v1::MirrorAck, Status>> + Send>>;
+
+    async fn mirror(
+        &self,
+        _req: Request<tonic::Streaming<lockstep_proto::v1::MirrorWrite>>,
+    ) -> Result<Response<Self::MirrorStream>, Status> {
+        Err(Status::unimplemented(
+            "a simulated agent has no volume to mirror writes to",
+        ))
+    }
 }
 
 /// Which pool and which uses a direction of a volume draws from in an interval.

@@ -4,5 +4,6 @@ pub mod chokepoint;
 pub mod compare;
 pub mod curve;
 pub mod drill;
+pub mod mirror;
 pub mod objectives;
 pub mod sweep;

@@ -284,6 +284,7 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
                         faults: v.faults.iter().map(|f| f.wire()).collect(),
                         model: model_of(&v.volume, &v.faults),
                         target_iops: v.rate_iops.map(|r| r as f64),
+                        mirror: v.mirror.as_ref().map(|m| m.wire()),
                     })
                     .collect(),
             })
@@ -475,6 +476,7 @@ pub(crate) async fn run_resolved(
         .map(|e| format!("the data files ({}): {e}", data_dir.display()))
         .collect();
     crate::analysis::drill::collect_finals(&mut results);
+    results.mirror = crate::analysis::mirror::analyze(&results);
     results.objectives = crate::analysis::objectives::evaluate(assignment, &results);
     let opts = analysis_options(assignment);
     let mut analysis = chokepoint::analyze(&results.timeline, &opts);

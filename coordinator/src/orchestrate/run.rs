@@ -43,6 +43,8 @@ pub struct VolumeWork {
     pub faults: Vec<lockstep_proto::v1::Fault>,
     pub model: Option<VolumeModel>,
     pub target_iops: Option<f64>,
+    /// Where this volume's writes are mirrored (a role's `mirror`), with the backup's address.
+    pub mirror: Option<lockstep_proto::v1::MirrorTarget>,
 }
 
 #[derive(Debug, Clone)]
@@ -769,6 +771,7 @@ fn into_output(
         faults: streams.faults,
         warnings,
         drill: None,
+        mirror: None,
         stuck_ios: Vec::new(),
         verify: Vec::new(),
         series: None,
@@ -827,6 +830,7 @@ async fn prepare_all(
                         jobfile: v.jobfile.clone(),
                         overrides,
                         faults: v.faults.clone(),
+                        mirror: v.mirror.clone(),
                     }
                 })
                 .collect(),

@@ -242,7 +242,27 @@ pub struct Role {
     /// Sweep mode: one closed-loop run per depth, for latency against outstanding IOs
     /// (`sweep`).
     pub depth_sweep: Option<DepthSweep>,
+    /// Where this role's writes are mirrored (docs/plan.md, "Mirrored pairs").
+    pub mirror: Option<Mirror>,
 }
+
+/// A role's `mirror`: each write on one of its volumes is written again by the paired volume
+/// of role `to` (agent i with agent i, volume j with volume j), over an agent-to-agent stream.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mirror {
+    /// The backup role.
+    pub to: String,
+    /// Sync: a write completes once the backup acknowledged it; async: locally, the backup lags.
+    pub sync: bool,
+    /// Added to each write's round trip (1,100 us: two availability zones, docs/domain.md).
+    pub delay_us: u64,
+    /// Sync mode: fail over to async after this long without an ack.
+    pub failover_after: Option<Duration>,
+    pub line: usize,
+}
+
+/// The largest injectable mirror delay: a second is already beyond any zone or region pair.
+pub const MAX_MIRROR_DELAY_US: u64 = 1_000_000;
 
 /// The most IOs in flight per job (or clones per job) a sweep step may ask for.
 pub const MAX_SWEEP_DEPTH: u32 = 4096;
@@ -978,6 +998,7 @@ fn build_roles(
             }
         };
         let depth_sweep = build_sweep(src, &what, rr, &workload, volumes.as_deref())?;
+        let mirror = build_mirror(src, &what, rr)?;
         roles.push(Role {
             name: rr.name.get_ref().clone(),
             line,
@@ -989,10 +1010,101 @@ fn build_roles(
             rate_iops,
             rate_curve,
             depth_sweep,
+            mirror,
         });
     }
     check_sweeps(src, raw, &roles)?;
+    check_mirrors(src, raw, &roles)?;
     Ok(roles)
+}
+
+/// A role's `mirror`, checked on its own (the target role is checked in `check_mirrors`).
+fn build_mirror(src: &Source, what: &str, rr: &raw::RawRole) -> Result<Option<Mirror>, PlanError> {
+    let Some(m) = &rr.mirror else {
+        return Ok(None);
+    };
+    let raw = m.get_ref();
+    let field = format!("{what}: mirror");
+    let sync = match raw.mode.as_deref() {
+        None | Some("sync") => true,
+        Some("async") => false,
+        Some(other) => {
+            return Err(src.at(
+                m,
+                format!("{field}.mode"),
+                format!("'{other}' is neither \"sync\" (the default) nor \"async\""),
+            ));
+        }
+    };
+    let delay_us = raw.delay_us.unwrap_or(0);
+    if delay_us > MAX_MIRROR_DELAY_US {
+        return Err(src.at(
+            m,
+            format!("{field}.delay_us"),
+            format!("{delay_us} is more than {MAX_MIRROR_DELAY_US} (1 s)"),
+        ));
+    }
+    let failover_after = raw.failover_after.as_ref().map(|d| d.0);
+    if let Some(d) = failover_after {
+        if !sync {
+            return Err(src.at(
+                m,
+                format!("{field}.failover_after"),
+                "only applies to mode = \"sync\": an async mirror never holds a write",
+            ));
+        }
+        if d < Duration::from_millis(1) {
+            return Err(src.at(
+                m,
+                format!("{field}.failover_after"),
+                "must be at least 1ms (leave it out to never fail over)",
+            ));
+        }
+    }
+    if raw.to == *rr.name.get_ref() {
+        return Err(src.at(
+            m,
+            format!("{field}.to"),
+            "names the role itself: a role mirrors to another role's volumes",
+        ));
+    }
+    Ok(Some(Mirror {
+        to: raw.to.clone(),
+        sync,
+        delay_us,
+        failover_after,
+        line: src.line_of(m),
+    }))
+}
+
+/// Every `mirror.to` names a role of the plan.
+fn check_mirrors(
+    src: &Source,
+    raw: &[Spanned<raw::RawRole>],
+    roles: &[Role],
+) -> Result<(), PlanError> {
+    for (r, rr) in roles.iter().zip(raw) {
+        let (Some(m), Some(span)) = (&r.mirror, &rr.get_ref().mirror) else {
+            continue;
+        };
+        if !roles.iter().any(|o| o.name == m.to) {
+            let known: Vec<&str> = roles
+                .iter()
+                .filter(|o| o.name != r.name)
+                .map(|o| o.name.as_str())
+                .collect();
+            return Err(src.at(
+                span,
+                format!("{}: mirror.to", label("role", Some(&r.name), 0)),
+                format!(
+                    "no role '{}' in the plan (roles: {})",
+                    m.to,
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A role's sweep: `sweep = { over, values }`, or the older `depth_sweep` (with `sweep_over`).

@@ -53,8 +53,19 @@ pub(super) struct RawRole {
     /// Signed, so a 0 or a negative value gets lockstep's message rather than serde's.
     pub depth_sweep: Option<Spanned<Vec<i64>>>,
     pub sweep_over: Option<Spanned<String>>,
+    pub mirror: Option<Spanned<RawMirror>>,
     /// `sweep = { over = "volumes", values = [4, 5, 6] }`.
     pub sweep: Option<Spanned<RawSweep>>,
+}
+
+/// `mirror = { to = "backup", mode = "sync", delay_us = 1100, failover_after = "2s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMirror {
+    pub to: String,
+    pub mode: Option<String>,
+    pub delay_us: Option<u64>,
+    pub failover_after: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -93,6 +93,34 @@ pub struct VolumeAssignment {
     /// reports, which compare achieved with target).
     pub rate_iops: Option<u64>,
     pub faults: Vec<FaultAssignment>,
+    /// Where this volume's writes are mirrored, when its role has a `mirror`.
+    pub mirror: Option<MirrorAssignment>,
+}
+
+/// A primary volume's backup: the paired agent (by its address, which the primary dials) and
+/// volume, and how the role mirrors.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MirrorAssignment {
+    pub backup_agent: String,
+    pub backup_address: String,
+    pub backup_volume: String,
+    pub sync: bool,
+    pub delay_us: u64,
+    pub failover_after: Option<Duration>,
+}
+
+impl MirrorAssignment {
+    /// The message the protocol carries (`VolumeWork.mirror`).
+    pub fn wire(&self) -> lockstep_proto::v1::MirrorTarget {
+        lockstep_proto::v1::MirrorTarget {
+            backup_agent: self.backup_agent.clone(),
+            backup_address: self.backup_address.clone(),
+            backup_volume: self.backup_volume.clone(),
+            sync: self.sync,
+            delay_us: self.delay_us,
+            failover_after_ms: self.failover_after.map_or(0, millis),
+        }
+    }
 }
 
 impl VolumeAssignment {
@@ -205,6 +233,7 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
                     overrides: role.workload.overrides.clone(),
                     rate_iops: role.rate_iops,
                     faults: faults_of.remove(&(ai, vi)).unwrap_or_default(),
+                    mirror: None,
                 })
             })
             .collect();
@@ -217,6 +246,7 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
             });
         }
     }
+    assign_mirrors(plan, &mut out_agents)?;
     Ok(Assignment {
         plan: plan.name.clone(),
         interval: plan.interval,
@@ -225,6 +255,79 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
         agents: out_agents,
         faults: schedule,
     })
+}
+
+/// Pairs each mirroring role's volumes with its backup role's: the i-th agent of the one with
+/// the i-th agent of the other (in the order the run lists them), and on each pair the j-th
+/// volume with the j-th. Mismatched counts are refused: a volume without a backup, or a backup
+/// taking two primaries, is not the pair the plan describes.
+fn assign_mirrors(plan: &Plan, agents: &mut [AgentAssignment]) -> Result<(), PlanError> {
+    for role in plan.roles.iter() {
+        let Some(m) = &role.mirror else { continue };
+        let field = format!("role '{}': mirror", role.name);
+        // Per agent of each role: (agent index, volume indices).
+        let of_role = |name: &str| -> Vec<(usize, Vec<usize>)> {
+            agents
+                .iter()
+                .enumerate()
+                .filter_map(|(ai, a)| {
+                    let vs: Vec<usize> = (0..a.volumes.len())
+                        .filter(|&vi| a.volumes[vi].role == name)
+                        .collect();
+                    (!vs.is_empty()).then_some((ai, vs))
+                })
+                .collect()
+        };
+        let primaries = of_role(&role.name);
+        let backups = of_role(&m.to);
+        if primaries.len() != backups.len() {
+            return Err(invalid(
+                plan,
+                m.line,
+                &field,
+                format!(
+                    "role '{}' runs on {} agent(s) and its backup role '{}' on {}: a mirror \
+                     pairs agent i of one with agent i of the other, so they need as many",
+                    role.name,
+                    primaries.len(),
+                    m.to,
+                    backups.len()
+                ),
+            ));
+        }
+        for ((pa, pvs), (ba, bvs)) in primaries.iter().zip(&backups) {
+            let (pa, ba) = (*pa, *ba);
+            if pvs.len() != bvs.len() {
+                return Err(invalid(
+                    plan,
+                    m.line,
+                    &field,
+                    format!(
+                        "agent '{}' has {} volume(s) of role '{}' and its backup '{}' has {} of \
+                         role '{}': each volume needs one backup volume",
+                        agents[pa].agent,
+                        pvs.len(),
+                        role.name,
+                        agents[ba].agent,
+                        bvs.len(),
+                        m.to
+                    ),
+                ));
+            }
+            for (&pv, &bv) in pvs.iter().zip(bvs) {
+                let target = MirrorAssignment {
+                    backup_agent: agents[ba].agent.clone(),
+                    backup_address: agents[ba].address.clone(),
+                    backup_volume: agents[ba].volumes[bv].volume.name.clone(),
+                    sync: m.sync,
+                    delay_us: m.delay_us,
+                    failover_after: m.failover_after,
+                };
+                agents[pa].volumes[pv].mirror = Some(target);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A run needs agents, with unique names and unique volume names per agent.

@@ -1516,3 +1516,88 @@ fn job_options_past_fios_limits_are_refused_at_their_plan_line() {
         "{shown}"
     );
 }
+
+const MIRRORED: &str = r#"
+duration = "10s"
+
+[[role]]
+name = "primary"
+select = { agents = ["agent-1"] }
+mirror = { to = "backup", delay_us = 1100, failover_after = "2s" }
+workload = { fio = { rw = "randwrite", bs = "8k" } }
+
+[[role]]
+name = "backup"
+select = { agents = ["agent-2"] }
+workload = { fio = { rw = "randread", bs = "8k" } }
+"#;
+
+#[test]
+fn a_mirrored_role_pairs_its_volumes_with_the_backup_roles() {
+    let plan = parse_ok(MIRRORED);
+    let m = plan.role("primary").unwrap().mirror.clone().unwrap();
+    assert_eq!(
+        (m.to.as_str(), m.sync, m.delay_us, m.failover_after, m.line),
+        ("backup", true, 1100, Some(Duration::from_secs(2)), 7)
+    );
+    let a = resolve(&plan, &local(2)).unwrap();
+    let (_, v) = a.volumes().find(|(ag, _)| ag.agent == "agent-1").unwrap();
+    let target = v.mirror.clone().expect("the primary's volume is mirrored");
+    assert_eq!(target.backup_agent, "agent-2");
+    assert_eq!(target.backup_address, "agent-2:7070");
+    assert_eq!(target.backup_volume, "data");
+    let wire = target.wire();
+    assert_eq!(
+        (wire.sync, wire.delay_us, wire.failover_after_ms),
+        (true, 1100, 2000)
+    );
+    let (_, b) = a.volumes().find(|(ag, _)| ag.agent == "agent-2").unwrap();
+    assert!(b.mirror.is_none(), "the backup mirrors nothing");
+}
+
+#[test]
+fn a_mirror_is_refused_with_its_line_when_it_cannot_be_a_pair() {
+    let with = |from: &str, to: &str| MIRRORED.replace(from, to);
+    parse_err(
+        &with("to = \"backup\"", "to = \"nobody\""),
+        7,
+        "role 'primary': mirror.to",
+        "no role 'nobody' in the plan (roles: backup)",
+    );
+    parse_err(
+        &with("delay_us = 1100,", "mode = \"semi\","),
+        7,
+        "role 'primary': mirror.mode",
+        "'semi' is neither",
+    );
+    parse_err(
+        &with("delay_us = 1100,", "mode = \"async\","),
+        7,
+        "role 'primary': mirror.failover_after",
+        "only applies to mode = \"sync\"",
+    );
+    parse_err(
+        &with("delay_us = 1100", "delay_us = 2000000"),
+        7,
+        "role 'primary': mirror.delay_us",
+        "more than 1000000",
+    );
+    parse_err(
+        &with("to = \"backup\"", "to = \"primary\""),
+        7,
+        "role 'primary': mirror.to",
+        "names the role itself",
+    );
+    // Two primaries and one backup: agent 2 of the primary role would have none.
+    let plan = parse_ok(&with(
+        "select = { agents = [\"agent-1\"] }",
+        "select = { agents = [\"agent-1\", \"agent-3\"] }",
+    ));
+    let e = resolve(&plan, &local(3)).unwrap_err();
+    check_err(
+        &e,
+        7,
+        "role 'primary': mirror",
+        "role 'primary' runs on 2 agent(s) and its backup role 'backup' on 1",
+    );
+}

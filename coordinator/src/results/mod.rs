@@ -14,6 +14,7 @@ pub mod drill;
 pub mod hlog;
 pub mod keeper;
 pub mod merge;
+pub mod mirror;
 pub mod store;
 pub mod sweep;
 pub mod timeline;
@@ -248,6 +249,10 @@ pub struct RunResults {
     /// interval histograms; `None` when the run had no faults.
     #[serde(default)]
     pub drill: Option<drill::DrillReport>,
+    /// Mirrored pairs: the breakdown of each mirrored write and what backup failures did;
+    /// `None` when no role mirrors its writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<mirror::MirrorReport>,
     /// IOs slower than their job's `stuck_timeout` (default 5 s), by volume and time.
     #[serde(default)]
     pub stuck_ios: Vec<StuckIoResult>,

@@ -14,6 +14,20 @@ impl IoLoop<'_> {
     /// Delivers the completions held by a fault that are due (all of them when stopping).
     #[inline]
     pub(super) fn release_held(&mut self, now: Instant, stopping: bool) {
+        if let Some(m) = self
+            .mirror
+            .as_ref()
+            .filter(|_| !self.mirror_held.is_empty())
+        {
+            let released = m.released();
+            while let Some(&(seq, c)) = self.mirror_held.front() {
+                if seq > released && !stopping {
+                    break;
+                }
+                self.mirror_held.pop_front();
+                self.completions.push(c);
+            }
+        }
         if !self.held.is_empty() {
             let mut i = 0;
             while i < self.held.len() {
@@ -116,6 +130,7 @@ impl IoLoop<'_> {
             outcome,
             generation,
             stuck: None,
+            mirror_seq: 0,
         });
         if !self.start(now, slot_idx, &req, outcome, admit_at) {
             return false;

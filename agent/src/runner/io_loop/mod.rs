@@ -58,7 +58,15 @@ pub(super) struct Slot {
     generation: u32,
     /// Index in the stuck list once listed while still in flight.
     stuck: Option<u32>,
+    /// A write held for its mirror's ack: its sequence number on the mirror (0: none).
+    mirror_seq: u64,
 }
+
+/// How long the loop may sleep in the engine's wait while writes wait for their mirror's ack
+/// and other IOs are at the device: the ack arrives on another thread, and this bounds how
+/// late the loop sees it. With only mirror-held writes in flight the loop sleeps on the link
+/// instead, which the ack wakes (`MirrorHook::wait_released`).
+const MIRROR_POLL: Duration = Duration::from_micros(20);
 
 /// How often a verifying clone checkpoints its state (see `verify::save_checkpoint`).
 const VERIFY_CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
@@ -156,6 +164,11 @@ pub(super) struct IoLoop<'a> {
     /// loop never sleeps for them: IOs keep being issued on schedule (open loop) and
     /// intervals keep closing on time while completions are held.
     held: Vec<(Instant, Completion)>,
+    /// Where writes are mirrored, and the writes whose completion waits for the mirror (sync
+    /// mode), in sequence order. Like `held`, the loop never sleeps for them: it looks at the
+    /// mirror's released sequence number every pass, waking at least every `MIRROR_POLL`.
+    pub(super) mirror: Option<Box<dyn super::MirrorHook>>,
+    mirror_held: VecDeque<(u64, Completion)>,
 
     // Integrals over the current interval.
     /// Of inflight over time (IO·ns).
@@ -274,6 +287,8 @@ impl<'a> IoLoop<'a> {
             queued_now: Vec::with_capacity(depth),
             gated: VecDeque::new(),
             held: Vec::new(),
+            mirror: None,
+            mirror_held: VecDeque::new(),
             area: 0.0,
             last_now: t0,
             wait_area: 0.0,

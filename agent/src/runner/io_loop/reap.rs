@@ -24,7 +24,7 @@ impl IoLoop<'_> {
             }
         } else {
             self.woke = true;
-            let wake = due_wake(
+            let mut wake = due_wake(
                 stopping,
                 self.next_tick,
                 self.deadline,
@@ -34,6 +34,15 @@ impl IoLoop<'_> {
                 self.held.iter().map(|h| h.0).min(),
                 self.last_progress.map(|t| t + self.drain_limit),
             );
+            if let (Some(m), Some(&(seq, _))) = (self.mirror.as_ref(), self.mirror_held.front()) {
+                if self.inflight == self.mirror_held.len() && self.completions.is_empty() {
+                    // Nothing at the device: sleep until the ack (the link wakes the loop).
+                    m.wait_released(seq, wake);
+                    return;
+                }
+                // IOs at the device too: the engine's wait, bounded so the ack is seen soon.
+                wake = wake.min(Instant::now() + super::MIRROR_POLL);
+            }
             reap_until_due(
                 &mut *self.engine,
                 &mut self.completions,
@@ -123,6 +132,24 @@ impl IoLoop<'_> {
         if let Some(d) = self.due(&slot, t_done).filter(|_| !stopping_now) {
             self.held.push((d, c));
             return;
+        }
+        if slot.mirror_seq > 0 {
+            let took = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
+            if let Some(m) = self.mirror.as_mut() {
+                m.finished(slot.mirror_seq, took, t_done);
+            }
+        } else if slot.dir == Direction::Write && c.result > 0 && !stopping_now {
+            if let Some(m) = self.mirror.as_mut() {
+                // The local write as fio's lat counts it: submission and completion.
+                let local = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
+                if let Some(seq) = m.written(slot.offset, c.result as u32, local, t_done) {
+                    if let Some(s) = self.slots[c.tag as usize].as_mut() {
+                        s.mirror_seq = seq;
+                    }
+                    self.mirror_held.push_back((seq, c));
+                    return;
+                }
+            }
         }
         self.slots[c.tag as usize] = None;
         self.free.push(c.tag);

@@ -3,6 +3,7 @@
 pub mod chokepoint;
 pub mod curve;
 pub mod drill;
+pub mod mirror;
 pub mod sweep;
 
 use std::fmt::Write;
@@ -59,6 +60,9 @@ pub fn render(r: &RunResults) -> String {
     faults(&mut o, r);
     if let Some(d) = r.drill.as_ref().filter(|d| !d.faults.is_empty()) {
         let _ = write!(o, "\ndrill: {}", drill::render_text(d));
+    }
+    if let Some(m) = &r.mirror {
+        let _ = write!(o, "\nmirrored pairs:\n{}", mirror::render_text(m));
     }
     o.push_str(&drill::render_stuck_and_verify(r));
     if let Some(c) = r.series.as_ref().and_then(|s| s.curve.as_ref()) {

@@ -1,0 +1,195 @@
+//! Mirrored pairs end to end: two real local agents, the primary's writes mirrored to the
+//! backup over the agent-to-agent stream, the breakdown of each mirrored write, and a backup
+//! paused mid-run. Both run the plans of `examples/` as they are; every figure asserted is
+//! printed (`cargo test -p lockstep-tests --test mirror -- --nocapture`).
+
+use std::path::Path;
+
+use lockstep::results::RunResults;
+use lockstep::results::mirror::{MirrorPair, MirrorRole};
+use lockstep_tests::{output_text, read_results, run_plan, scratch, serial};
+
+fn example(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn ms(ns: f64) -> f64 {
+    ns / 1e6
+}
+
+/// Runs an example on `--local 2` and returns its results and printed report.
+fn run_example(name: &str) -> (RunResults, String) {
+    let dir = scratch();
+    let (o, out) = run_plan(dir.path(), &example(name), Some(2), &[]);
+    let text = output_text(&o);
+    println!("{text}");
+    assert!(out.join("results.json").is_file(), "no results: {text}");
+    let r = read_results(&out);
+    (r, text)
+}
+
+fn primary(r: &RunResults) -> (&MirrorRole, &MirrorPair) {
+    let m = r.mirror.as_ref().expect("a mirror report in results.json");
+    let role = m
+        .roles
+        .iter()
+        .find(|x| x.role == "primary")
+        .expect("the primary role in the mirror report");
+    (role, &role.pairs[0])
+}
+
+#[test]
+fn the_breakdown_of_a_mirrored_write_adds_up_to_its_measured_latency() {
+    let _guard = serial();
+    let (r, text) = run_example("mirrored-pair.toml");
+    let (role, pair) = primary(&r);
+    let sum = role.local.mean_ns + role.network.mean_ns + role.remote.mean_ns;
+    println!(
+        "mirrored {} unmirrored {}; means: measured {:.3} ms, role write {:.3} ms; local {:.3} + \
+         network {:.3} + remote {:.3} = {:.3} ms ({:+.1}%)",
+        role.mirrored,
+        role.unmirrored,
+        ms(role.total.mean_ns),
+        ms(role.measured_write.mean_ns),
+        ms(role.local.mean_ns),
+        ms(role.network.mean_ns),
+        ms(role.remote.mean_ns),
+        ms(sum),
+        role.breakdown_gap_pct.unwrap_or(f64::NAN)
+    );
+    assert!(text.contains("mirrored writes: p50"), "{text}");
+    assert!(role.sync && role.delay_us == 1100);
+    // 500 IOPS for 20 s measured (and the ramp): thousands of writes, all mirrored.
+    assert!(role.mirrored > 5_000, "{} mirrored", role.mirrored);
+    // The writes still waiting for their ack when the run's time is up complete without it
+    // (at most the 16 in flight); every other one was acknowledged.
+    assert!(
+        role.unmirrored <= 16,
+        "{} unmirrored: {}",
+        role.unmirrored,
+        pair.link_error
+    );
+    assert_eq!(pair.backup, "agent-2");
+    // The injected 1.1 ms is in the network part, and in every mirrored write.
+    assert!(role.network.mean_ns >= 1_100_000.0, "{:?}", role.network);
+    assert!(role.total.mean_ns >= 1_100_000.0, "{:?}", role.total);
+    // The issue's check: local + network + remote within 10% of the measured latency of the
+    // same writes (what is left is the primary's own handling: waking on the ack).
+    let gap = role.breakdown_gap_pct.expect("a sync gap");
+    assert!(gap.abs() < 10.0, "breakdown off by {gap:.1}%");
+    // Beside it, for the record: the role's write mean over the measured phase only (the
+    // ramp's writes are mirrored too, so the two differ a little).
+    let vs_role = (sum / role.measured_write.mean_ns - 1.0) * 100.0;
+    println!("breakdown vs the role's write mean: {vs_role:+.1}%");
+    assert!(pair.failover_at_ms.is_empty() && !pair.did_not_return);
+}
+
+#[test]
+fn a_paused_backup_stalls_the_primary_which_fails_over_and_recovers() {
+    let _guard = serial();
+    let (r, text) = run_example("mirror-drill.toml");
+    let (role, pair) = primary(&r);
+    println!(
+        "mirrored {} unmirrored {}; longest stall {} ms at {} ms; failovers {:?}; returns {:?}",
+        role.mirrored,
+        role.unmirrored,
+        pair.longest_stall_ms,
+        pair.longest_stall_at_ms,
+        pair.failover_at_ms,
+        pair.recovered_at_ms
+    );
+    assert!(text.contains("failed over to async"), "{text}");
+    // The pause starts at t=10 s; the fail-over comes 1 s after the first write without an ack.
+    assert_eq!(pair.failover_at_ms.len(), 1, "{pair:?}");
+    let f = pair.failover_at_ms[0];
+    assert!((10_900..12_500).contains(&f), "failed over at {f} ms");
+    // No mirrored write completed from the pause to the fail-over at least, and the stall
+    // ends when the backup answers again (the pause is 3 s): between 1 and ~4 s.
+    assert!(
+        (900..4_500).contains(&pair.longest_stall_ms),
+        "longest stall {} ms",
+        pair.longest_stall_ms
+    );
+    assert!((9_500..11_500).contains(&pair.longest_stall_at_ms));
+    // The backup returns after its pause (t=13 s) and the pair is synchronous again.
+    assert_eq!(pair.recovered_at_ms.len(), 1, "{pair:?}");
+    let back = pair.recovered_at_ms[0];
+    assert!((12_900..15_000).contains(&back), "returned at {back} ms");
+    assert!(!pair.did_not_return);
+    // Writes during the fail-over completed locally, unmirrored; the rest were mirrored.
+    assert!(role.unmirrored > 200, "{} unmirrored", role.unmirrored);
+    assert!(role.mirrored > 5_000, "{} mirrored", role.mirrored);
+}
+
+/// The backup's side of the `Mirror` call on a real agent: the token rule of every call, each
+/// write in the mirror file beneath the volume, acknowledged in order, and the file removed
+/// when the stream ends.
+#[test]
+fn a_backup_agent_takes_mirrored_writes_only_with_the_token_and_keeps_them_in_its_volume() {
+    use lockstep_proto::PROTOCOL_VERSION;
+    use lockstep_proto::v1::MirrorWrite;
+    use lockstep_proto::v1::agent_client::AgentClient;
+
+    let _guard = serial();
+    let dir = scratch();
+    let (_agent, addr) = lockstep_tests::start_agent("backup", dir.path(), &["--token", "s3cret"]);
+    let write = |seq: u64, len: u32| MirrorWrite {
+        protocol_version: PROTOCOL_VERSION,
+        run_id: "r1".into(),
+        volume: "data".into(),
+        seq,
+        offset: seq * 4096,
+        len,
+        data: vec![7u8; len as usize],
+        primary: "primary/data".into(),
+    };
+    let file = dir.path().join("lockstep-mirror.r1.primary.data.dat");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = AgentClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        // No token: refused before any handler runs, like every call.
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.send(write(0, 0)).await.unwrap();
+        let refused = client
+            .mirror(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect_err("no token");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(!file.exists());
+
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        req.metadata_mut()
+            .insert("authorization", "Bearer s3cret".parse().unwrap());
+        tx.send(write(0, 0)).await.unwrap();
+        let mut acks = client.mirror(req).await.unwrap().into_inner();
+        let probe = acks.message().await.unwrap().unwrap();
+        assert_eq!((probe.seq, probe.error.as_str()), (0, ""));
+        for seq in 1..=3 {
+            tx.send(write(seq, 4096)).await.unwrap();
+        }
+        for seq in 1..=3 {
+            let ack = acks.message().await.unwrap().unwrap();
+            println!("ack {seq}: remote write {} ns", ack.remote_write_ns);
+            assert_eq!((ack.seq, ack.error.as_str()), (seq, ""));
+            assert!(ack.remote_write_ns > 0);
+        }
+        let data = std::fs::read(&file).expect("the mirror file in the volume");
+        assert_eq!(data.len(), 4 * 4096);
+        assert!(data[4096..].iter().all(|&b| b == 7), "the writes' bytes");
+        drop(tx);
+        assert!(acks.message().await.unwrap().is_none(), "the stream ends");
+    });
+    assert!(
+        lockstep_tests::wait_for(std::time::Duration::from_secs(5), || !file.exists()),
+        "the mirror file is removed when the stream ends"
+    );
+}
