@@ -165,6 +165,7 @@ fn main() {
         verify: Vec::new(),
         series: None,
         data: None,
+        mirror: None,
     };
     lockstep::export::write_run_dir(&out, &results, &lockstep::export::RUN_DIR).unwrap();
     let peak = rss.iter().map(|r| r.1).fold(0.0, f64::max);

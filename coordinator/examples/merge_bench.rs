@@ -291,6 +291,7 @@ fn report_times(merger: &Merger, fin: lockstep::results::merge::Finished, interv
         verify: Vec::new(),
         series: None,
         data: None,
+        mirror: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();
