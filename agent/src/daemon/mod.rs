@@ -876,7 +876,15 @@ impl Agent for AgentService {
         &self,
         req: Request<tonic::Streaming<MirrorWrite>>,
     ) -> Result<Response<MirrorAckStream>, Status> {
-        let volumes = Arc::new(self.shared.cfg.volumes.clone());
+        let volumes = self.shared.cfg.volumes.iter();
+        let volumes = Arc::new(
+            volumes
+                .map(|v| crate::mirror::backup::MirrorVolume {
+                    name: v.name.clone(),
+                    path: v.path.clone(),
+                })
+                .collect(),
+        );
         let cut_off = self.shared.cut_off.clone();
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(crate::mirror::backup::serve_stream(

@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::confine::Scope;
-use crate::daemon::VolumeConfig;
 
 /// The mirror file's name: the run and the primary, reduced to characters safe in a file name
 /// (a run id may hold anything, even a NUL).
@@ -40,6 +39,15 @@ pub fn mirror_file_name(run_id: &str, primary: &str) -> String {
     )
 }
 
+/// A volume this agent may write mirror files into: its name as plans give it and its root.
+/// Its own type, not the daemon's volume configuration, so the mirror does not depend on the
+/// daemon that serves it.
+#[derive(Debug, Clone)]
+pub struct MirrorVolume {
+    pub name: String,
+    pub path: PathBuf,
+}
+
 /// The open mirror file of one stream.
 struct MirrorFile {
     scope: Scope,
@@ -48,7 +56,7 @@ struct MirrorFile {
 }
 
 impl MirrorFile {
-    fn open(volumes: &[VolumeConfig], first: &MirrorWrite) -> Result<MirrorFile, Status> {
+    fn open(volumes: &[MirrorVolume], first: &MirrorWrite) -> Result<MirrorFile, Status> {
         let vol = volumes
             .iter()
             .find(|v| v.name == first.volume)
@@ -99,7 +107,7 @@ impl Drop for MirrorFile {
 /// Serves one `Mirror` stream: writes, in order, each acknowledged. `refused` is asked before
 /// each message, so a `cut_off` fault breaks a mirror stream too.
 pub async fn serve_stream(
-    volumes: Arc<Vec<VolumeConfig>>,
+    volumes: Arc<Vec<MirrorVolume>>,
     mut incoming: tonic::Streaming<MirrorWrite>,
     acks: mpsc::Sender<Result<MirrorAck, Status>>,
     refused: impl Fn() -> Option<String>,
