@@ -129,13 +129,7 @@ impl ActiveRun {
         fault_events: &mut Vec<FaultEvent>,
     ) -> Vec<VolumeResult> {
         let agent_wide = agent_faults::collect(volumes.iter().map(|v| v.faults.as_slice()));
-        // The agent's clock for shared gates: ns since the synchronized start.
-        let start = Instant::now()
-            + self
-                .setup
-                .start_at
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
+        let start = self.start_instant();
         let clock: crate::fault::AgentClock =
             Arc::new(move || Instant::now().saturating_duration_since(start).as_nanos() as u64);
         let instances =
@@ -145,12 +139,6 @@ impl ActiveRun {
         std::thread::scope(|scope| {
             scope.spawn(|| self.watchdog());
             // Agent-wide faults, each on a thread of its own, timed from the start instant.
-            let origin = Instant::now()
-                + self
-                    .setup
-                    .start_at
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default();
             let agent_fault_threads: Vec<_> = agent_wide
                 .into_iter()
                 .map(|f| {
@@ -162,7 +150,7 @@ impl ActiveRun {
                         volumes: volume_paths.clone(),
                         done: self.done.clone(),
                     };
-                    scope.spawn(move || agent_faults::run(f, origin, ctx))
+                    scope.spawn(move || agent_faults::run(f, start, ctx))
                 })
                 .collect();
             let handles: Vec<_> = volumes
@@ -280,15 +268,16 @@ impl ActiveRun {
         result
     }
 
+    /// The synchronized start as this host's `Instant`: the shared gates' clock, the agent-wide
+    /// faults and the mirror links all count from it.
+    fn start_instant(&self) -> Instant {
+        let until = self.setup.start_at.duration_since(SystemTime::now());
+        Instant::now() + until.unwrap_or_default()
+    }
+
     /// A mirrored volume's link settings (each clone starts its own link) and the figures its
     /// links add up into.
     fn mirror_of(&self, volume: &str, m: &lockstep_proto::v1::MirrorTarget) -> MirrorSetup {
-        let origin = Instant::now()
-            + self
-                .setup
-                .start_at
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
         let cfg = crate::mirror::LinkConfig {
             run_id: self.setup.run_id.clone(),
             primary: format!("{}/{volume}", self.shared.cfg.name),
@@ -300,7 +289,7 @@ impl ActiveRun {
             failover_after: (m.failover_after_ms > 0)
                 .then(|| Duration::from_millis(m.failover_after_ms)),
             token: self.shared.cfg.token.clone(),
-            origin,
+            origin: self.start_instant(),
         };
         (
             cfg,
