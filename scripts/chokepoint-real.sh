@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-10}; clean=${2:-20}
 cargo build --release --workspace --bins -q
-out=$(mktemp -d -p .)
+out=$(mkdir -p target/scratch && mktemp -d -p target/scratch)
 busy=()
 cleanup() { for p in "${busy[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"; }
 trap cleanup EXIT

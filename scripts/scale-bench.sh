@@ -19,7 +19,7 @@ interval=${INTERVAL:-1s}
 base_port=${BASE_PORT:-20000}
 cargo build --release --workspace --bins -q
 bin=target/release
-out=$(mktemp -d -p . scale-bench.XXXX)
+out=$(mkdir -p target/scratch && mktemp -d -p target/scratch scale-bench.XXXX)
 sims=()
 cleanup() {
   for p in "${sims[@]}"; do kill "$p" 2>/dev/null || true; done

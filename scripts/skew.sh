@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 agents=${1:-8}; runs=${2:-9}
 cargo build --release --workspace --bins -q
-out=$(mktemp -d -p .)
+out=$(mkdir -p target/scratch && mktemp -d -p target/scratch)
 trap 'rm -rf "$out"' EXIT
 skews=()
 for i in $(seq 1 "$runs"); do
