@@ -613,6 +613,13 @@ mod tests {
             "saturated at depth 2: from 2 to 16, IOPS +3% while mean latency x7.8 (more \
              outstanding IOs only queue)"
         );
+        // The answer names the same depth (docs/drills.md).
+        let k = knee("role db", "the role", SweepOver::Iodepth, &knee_points(&p));
+        assert_eq!(
+            k.text,
+            "from depth 1 to 2, IOPS +90% (90% of linear scaling); from depth 2 to 16, IOPS +3% \
+             (0% of linear scaling): the role stops scaling at depth 2, where it reaches 1900 IOPS"
+        );
         // A flat stretch followed by growth is not a knee: the step that grew again moves it.
         let p = points(&[
             (1, 1000.0, 1.0),
