@@ -568,16 +568,30 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_seeds_ssd_saturates_at_one_thread_and_the_array_scales() {
-        // docs/domain.md#latency-vs-threads, vdbench threads 1, 2, 4, 16: the single SSD, then
-        // the XtremIO array.
-        let ssd = points(&[
+    /// docs/domain.md#latency-vs-threads: the single SSD at vdbench threads 1, 2, 4, 16.
+    fn seeds_ssd() -> Vec<Point> {
+        points(&[
             (1, 3192.92, 0.310),
             (2, 3305.57, 0.602),
             (4, 3312.41, 1.204),
             (16, 3300.77, 4.844),
-        ]);
+        ])
+    }
+
+    /// docs/scenarios.md: the Alteryx workers' run (release build, 2026-11-25), numjobs 1 to 4.
+    fn alteryx_run() -> Vec<Point> {
+        points(&[
+            (1, 746.0, 1.34),
+            (2, 1505.0, 1.33),
+            (3, 1500.0, 2.00),
+            (4, 1500.0, 2.67),
+        ])
+    }
+
+    #[test]
+    fn the_seeds_ssd_saturates_at_one_thread_and_the_array_scales() {
+        // The single SSD, then the XtremIO array.
+        let ssd = seeds_ssd();
         let v = verdict("ssd", SweepOver::Numjobs, &ssd);
         assert_eq!((v.kind, v.depth), (VerdictKind::Saturated, 1), "{v:?}");
         assert_eq!(
@@ -913,18 +927,13 @@ mod tests {
 
     #[test]
     fn the_alteryx_workers_answer_and_verdict_name_the_same_numjobs() {
-        // docs/scenarios.md: two workers take the volume's 1,500 IOPS; a third only waits.
-        let p = points(&[
-            (1, 751.0, 1.34),
-            (2, 1485.0, 1.34),
-            (3, 1504.0, 1.98),
-            (4, 1500.0, 2.65),
-        ]);
+        // Two workers take the volume's 1,500 IOPS; a third only waits.
+        let p = alteryx_run();
         let v = verdict("worker", SweepOver::Numjobs, &p);
         assert_eq!((v.kind, v.depth), (VerdictKind::Saturated, 2), "{v:?}");
         assert_eq!(
             v.text,
-            "saturated at numjobs 2: from 2 to 4, IOPS +1% while mean latency x2.0 (more \
+            "saturated at numjobs 2: from 2 to 4, IOPS +0% while mean latency x2.0 (more \
              outstanding IOs only queue)"
         );
         let k = knee(
@@ -935,14 +944,15 @@ mod tests {
         );
         assert_eq!(
             (k.kind, k.at, k.total),
-            (KneeKind::Knee, 2, 1485.0),
+            (KneeKind::Knee, 2, 1505.0),
             "{k:?}"
         );
+        // IOPS -0.3% past the knee reads +0%, and its share of linear scaling 0%, never -0%.
         assert_eq!(
             k.text,
-            "from numjobs 1 to 2, IOPS +98% (98% of linear scaling); from numjobs 2 to 4, IOPS \
-             +1% (1% of linear scaling): the role stops scaling at numjobs 2, where it reaches \
-             1485 IOPS"
+            "from numjobs 1 to 2, IOPS +102% (102% of linear scaling); from numjobs 2 to 4, \
+             IOPS +0% (0% of linear scaling): the role stops scaling at numjobs 2, where it \
+             reaches 1505 IOPS"
         );
         // The known issue's run: IOPS per job fell 18% from 1 to 2 workers (latency rose), yet
         // the second worker still added 64% more IO, far above 10% of linear: not the knee.
@@ -966,12 +976,7 @@ mod tests {
             "{k:?}"
         );
         // The seeds' single SSD knees at its first value: the knee starts the sentence.
-        let ssd = points(&[
-            (1, 3192.92, 0.310),
-            (2, 3305.57, 0.602),
-            (4, 3312.41, 1.204),
-            (16, 3300.77, 4.844),
-        ]);
+        let ssd = seeds_ssd();
         let k = knee(
             "role ssd",
             "the role",
@@ -1026,26 +1031,28 @@ mod tests {
         let mut rs = RoleSweep {
             role: "worker".into(),
             over: SweepOver::Numjobs,
-            steps: vec![
-                step(1, 751.0, 1.34),
-                step(2, 1485.0, 1.34),
-                step(3, 1504.0, 1.98),
-                step(4, 1500.0, 2.65),
-            ],
+            steps: alteryx_run()
+                .iter()
+                .map(|p| step(p.depth, p.iops, p.mean_ns / 1e6))
+                .collect(),
             ..Default::default()
         };
         judge(&mut rs);
         assert_eq!((rs.verdict.depth, rs.answers[0].at), (2, 2));
+        // The two lines as docs/scenarios.md quotes them from the run.
         let t = crate::export::text::sweep::render_text(&SweepReport { roles: vec![rs] });
         assert!(
-            t.contains("  verdict: saturated at numjobs 2: from 2 to 4, IOPS +1% while mean"),
+            t.contains(
+                "  verdict: saturated at numjobs 2: from 2 to 4, IOPS +0% while mean latency x2.0 \
+                 (more outstanding IOs only queue)\n"
+            ),
             "{t}"
         );
         assert!(
             t.contains(
-                "  answer: role worker: from numjobs 1 to 2, IOPS +98% (98% of linear scaling); \
-                 from numjobs 2 to 4, IOPS +1% (1% of linear scaling): the role stops scaling at \
-                 numjobs 2, where it reaches 1485 IOPS\n"
+                "  answer: role worker: from numjobs 1 to 2, IOPS +102% (102% of linear \
+                 scaling); from numjobs 2 to 4, IOPS +0% (0% of linear scaling): the role stops \
+                 scaling at numjobs 2, where it reaches 1505 IOPS\n"
             ),
             "{t}"
         );
