@@ -289,6 +289,7 @@ impl ActiveRun {
             failover_after: (m.failover_after_ms > 0)
                 .then(|| Duration::from_millis(m.failover_after_ms)),
             token: self.shared.cfg.token.clone(),
+            tls: self.shared.tls.clone(),
             origin: self.start_instant(),
         };
         (

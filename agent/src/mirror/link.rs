@@ -42,6 +42,10 @@ pub struct LinkConfig {
     /// Sync mode: fail over to async after this long without an ack.
     pub failover_after: Option<Duration>,
     pub token: Option<String>,
+    /// This agent's mutual-TLS files when it serves with them: the backup is then dialed over
+    /// TLS only (never plaintext), with this agent's certificate, and must hold a certificate
+    /// issued for `backup_agent`.
+    pub tls: Option<lockstep_core::tls::TlsIdentity>,
     /// The run's synchronized start: stall and fail-over times count from here.
     pub origin: Instant,
 }
@@ -377,15 +381,21 @@ fn connection(link: Arc<Link>) {
 async fn stream_once(link: &Link) -> Result<(), String> {
     let cfg = &link.cfg;
     let who = format!("backup {} ({})", cfg.backup_agent, cfg.backup_address);
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", cfg.backup_address))
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", cfg.backup_address))
             .map_err(|e| format!("{who}: {e}"))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true);
+    if let Some(tls) = &cfg.tls {
+        endpoint = endpoint
+            .tls_config(tls.client_config(&cfg.backup_agent))
+            .map_err(|e| format!("{who}: {e}"))?;
+    }
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| format!("{who}: cannot connect: {e}"))?;
+        .map_err(|e| connect_failed(cfg, &who, &e))?;
     let mut client = AgentClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
     tx.try_send(link.message(0, 0, 0))
@@ -413,5 +423,25 @@ async fn stream_once(link: &Link) -> Result<(), String> {
             Ok(Ok(None)) => return Err(format!("{who}: the stream ended")),
             Ok(Err(s)) => return Err(format!("{who}: {}", s.message())),
         }
+    }
+}
+
+/// Why the backup could not be reached, with the whole error chain (tonic's first message says
+/// only "transport error") and, when a TLS handshake failed, which certificates it wanted.
+fn connect_failed(cfg: &LinkConfig, who: &str, e: &tonic::transport::Error) -> String {
+    let text = lockstep_core::tls::error_chain(e.to_string(), std::error::Error::source(e));
+    let lower = text.to_lowercase();
+    let handshake = ["certificate", "alert", "handshake", "tls"]
+        .iter()
+        .any(|w| lower.contains(w));
+    if cfg.tls.is_some() && handshake {
+        format!(
+            "{who}: cannot connect over mutual TLS: {text} (the backup's certificate must be \
+             issued for the name '{}' by the CA of this agent's --tls-ca, and this agent's by \
+             the CA the backup trusts)",
+            cfg.backup_agent
+        )
+    } else {
+        format!("{who}: cannot connect: {text}")
     }
 }
