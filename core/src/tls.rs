@@ -227,6 +227,29 @@ impl PeerCert {
     }
 }
 
+/// Whether an error's text (`error_chain`) looks like a failed TLS handshake. Under TLS 1.3 a
+/// server refuses a client's certificate after the client thinks the handshake is done, so
+/// the client sees only its next call fail: a connection closed, reset or cancelled right
+/// after connecting counts too.
+pub fn looks_like_handshake(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    [
+        "certificate",
+        "tls",
+        "handshake",
+        "alert",
+        "frame",
+        "connection reset",
+        "connection closed",
+        "broken pipe",
+        "unexpected eof",
+        "canceled",
+        "h2 protocol",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+}
+
 /// `first`, then every distinct message of the `source` chain: tonic's own transport error
 /// says only "transport error", and the reason (a certificate for another name, an unknown
 /// issuer) is further down.

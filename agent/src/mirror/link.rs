@@ -410,7 +410,7 @@ async fn stream_once(link: &Link) -> Result<(), String> {
     let mut acks = client
         .mirror(req)
         .await
-        .map_err(|s| format!("{who}: {}", s.message()))?
+        .map_err(|s| call_failed(cfg, &who, &s))?
         .into_inner();
     link.state.lock().unwrap().tx = Some(tx);
     loop {
@@ -427,21 +427,34 @@ async fn stream_once(link: &Link) -> Result<(), String> {
 }
 
 /// Why the backup could not be reached, with the whole error chain (tonic's first message says
-/// only "transport error") and, when a TLS handshake failed, which certificates it wanted.
+/// only "transport error").
 fn connect_failed(cfg: &LinkConfig, who: &str, e: &tonic::transport::Error) -> String {
     let text = lockstep_core::tls::error_chain(e.to_string(), std::error::Error::source(e));
-    let lower = text.to_lowercase();
-    let handshake = ["certificate", "alert", "handshake", "tls"]
-        .iter()
-        .any(|w| lower.contains(w));
-    if cfg.tls.is_some() && handshake {
+    with_tls_hint(cfg, format!("{who}: cannot connect: {text}"))
+}
+
+/// The `Mirror` call failed: the backup's refusal (its message says why), or, over TLS 1.3, the
+/// backup refusing this agent's certificate, which the client sees only now.
+fn call_failed(cfg: &LinkConfig, who: &str, s: &tonic::Status) -> String {
+    let text = match s.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable => {
+            lockstep_core::tls::error_chain(s.message().to_string(), std::error::Error::source(s))
+        }
+        _ => return format!("{who}: {}", s.message()),
+    };
+    with_tls_hint(cfg, format!("{who}: {text}"))
+}
+
+/// Over TLS, what a failed handshake needs: the certificates each side must hold.
+fn with_tls_hint(cfg: &LinkConfig, text: String) -> String {
+    if cfg.tls.is_some() && lockstep_core::tls::looks_like_handshake(&text) {
         format!(
-            "{who}: cannot connect over mutual TLS: {text} (the backup's certificate must be \
-             issued for the name '{}' by the CA of this agent's --tls-ca, and this agent's by \
-             the CA the backup trusts)",
+            "{text} (mutual TLS failed: the backup's certificate must be issued for the name \
+             '{}' by the CA of this agent's --tls-ca, and this agent's certificate, with the \
+             clientAuth usage, by the CA the backup trusts)",
             cfg.backup_agent
         )
     } else {
-        format!("{who}: cannot connect: {text}")
+        text
     }
 }

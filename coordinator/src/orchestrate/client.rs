@@ -130,21 +130,7 @@ fn explain(
     tls: bool,
 ) -> String {
     let text = lockstep_core::tls::error_chain(first, source);
-    let lower = text.to_lowercase();
-    let handshake = [
-        "certificate",
-        "tls",
-        "handshake",
-        "alert",
-        "frame",
-        "connection reset",
-        "broken pipe",
-        "unexpected eof",
-        "canceled",
-        "h2 protocol",
-    ]
-    .iter()
-    .any(|w| lower.contains(w));
+    let handshake = lockstep_core::tls::looks_like_handshake(&text);
     if tls && handshake {
         format!(
             "{text} (mutual TLS failed: the agent's certificate must be issued for the name '{name}' by the CA of --tls-ca, \
