@@ -185,6 +185,15 @@ fn agents_found_in_etcd_are_dialed_over_mutual_tls_and_a_coordinator_without_it_
     );
 }
 
+/// A test CA with certificates for `names` (and "coordinator") in `dir/sub`: the folder and
+/// its `ca.pem`.
+fn make_pki(dir: &Path, sub: &str, names: &str) -> (PathBuf, PathBuf) {
+    let out = dir.join(sub);
+    certs(&out, names);
+    let ca = out.join("ca.pem");
+    (out, ca)
+}
+
 /// One CA file trusting both `a` and `b` (PEM certificates concatenate).
 fn ca_bundle(dir: &Path, a: &Path, b: &Path) -> PathBuf {
     let p = dir.join("both-cas.pem");
@@ -258,9 +267,7 @@ fn primary(r: &lockstep::results::RunResults) -> (&MirrorRole, &MirrorPair) {
 fn a_mirrored_pair_over_mutual_tls_mirrors_every_write() {
     let _guard = serial();
     let dir = scratch();
-    let pki = dir.path().join("pki");
-    certs(&pki, "a1,b1");
-    let ca = pki.join("ca.pem");
+    let (pki, ca) = make_pki(dir.path(), "pki", "a1,b1");
     let token = ["--token", "s3cret"];
     let (_a1, a1) = tls_agent(dir.path(), "a1", &pki, "a1", &ca, &token);
     let (_b1, b1) = tls_agent(dir.path(), "b1", &pki, "b1", &ca, &token);
@@ -297,16 +304,13 @@ fn a_mirrored_pair_over_mutual_tls_mirrors_every_write() {
 fn a_backup_with_a_certificate_of_another_ca_is_named_and_the_primary_fails_over() {
     let _guard = serial();
     let dir = scratch();
-    let pki = dir.path().join("pki");
-    certs(&pki, "a1,b1");
-    let ca = pki.join("ca.pem");
+    let (pki, ca) = make_pki(dir.path(), "pki", "a1,b1");
     // b1 holds a certificate for its name from another CA. It trusts the cluster's CA, and the
     // coordinator trusts both, so the run reaches b1: only the primary refuses it.
-    let other = dir.path().join("other-pki");
-    certs(&other, "b1");
+    let (other, other_ca) = make_pki(dir.path(), "other-pki", "b1");
     let (_a1, a1) = tls_agent(dir.path(), "a1", &pki, "a1", &ca, &[]);
     let (_b1, b1) = tls_agent(dir.path(), "b1", &other, "b1", &ca, &[]);
-    let both = ca_bundle(dir.path(), &ca, &other.join("ca.pem"));
+    let both = ca_bundle(dir.path(), &ca, &other_ca);
     let plan = mirror_plan(dir.path(), &a1, &b1);
     let out = dir.path().join("run");
     let o = run(&plan, &out, &tls_flags(&pki, "coordinator", &both));
@@ -388,14 +392,11 @@ async fn mirror_probe(
 #[test]
 fn only_the_primarys_own_certificate_opens_a_mirror_stream_and_agents_drive_no_agent() {
     let dir = scratch();
-    let pki = dir.path().join("pki");
-    certs(&pki, "a1,a2,b1");
-    let ca = pki.join("ca.pem");
+    let (pki, ca) = make_pki(dir.path(), "pki", "a1,a2,b1");
     // A coordinator's certificate that also carries serverAuth: `lockstep certs` issues one as
     // an agent's, from another CA that b1 trusts too.
-    let dual = dir.path().join("dual-pki");
-    certs(&dual, "coordinator2");
-    let both = ca_bundle(dir.path(), &ca, &dual.join("ca.pem"));
+    let (dual, dual_ca) = make_pki(dir.path(), "dual-pki", "coordinator2");
+    let both = ca_bundle(dir.path(), &ca, &dual_ca);
     let (_b1, b1) = tls_agent(dir.path(), "b1", &pki, "b1", &both, &["--token", "s3cret"]);
     let volume = dir.path().join("v-b1");
     let rt = tokio::runtime::Builder::new_current_thread()

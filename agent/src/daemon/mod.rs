@@ -388,7 +388,7 @@ impl AgentService {
     }
 
     /// Over TLS, refuses a caller whose certificate is not a coordinator's (`peer`).
-    fn from_coordinator<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    fn coordinator_only<T>(&self, req: &Request<T>) -> Result<(), Status> {
         peer::from_coordinator(&self.shared.cfg.name, self.shared.tls.is_some(), req)
     }
 
@@ -627,7 +627,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         check_version(req.get_ref().protocol_version)?;
         let cfg = &self.shared.cfg;
         // What the agent says of itself is what it registers in etcd, from one place.
@@ -649,7 +649,7 @@ impl Agent for AgentService {
         &self,
         req: Request<ClockProbeRequest>,
     ) -> Result<Response<ClockProbeReply>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         check_version(req.get_ref().protocol_version)?;
         Ok(Response::new(ClockProbeReply {
             agent_unix_ns: unix_ns(SystemTime::now()),
@@ -660,7 +660,7 @@ impl Agent for AgentService {
         &self,
         req: Request<PrepareRequest>,
     ) -> Result<Response<PrepareReply>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         {
@@ -733,7 +733,7 @@ impl Agent for AgentService {
         &self,
         req: Request<LayoutStatusRequest>,
     ) -> Result<Response<LayoutStatusReply>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         match &*self.shared.layout.lock().unwrap() {
@@ -755,7 +755,7 @@ impl Agent for AgentService {
     type StartStream = EventStream;
 
     async fn start(&self, req: Request<StartRequest>) -> Result<Response<EventStream>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
@@ -833,7 +833,7 @@ impl Agent for AgentService {
     }
 
     async fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         if let Some((run_id, stop)) = &*self.shared.preparing.lock().unwrap()
@@ -870,7 +870,7 @@ impl Agent for AgentService {
     type AttachStream = EventStream;
 
     async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<EventStream>, Status> {
-        self.from_coordinator(&req)?;
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let phase = self.shared.phase.lock().unwrap();
