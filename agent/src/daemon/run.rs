@@ -283,13 +283,13 @@ impl ActiveRun {
             primary: format!("{}/{volume}", self.shared.cfg.name),
             backup_agent: m.backup_agent.clone(),
             backup_address: m.backup_address.clone(),
+            tls: self.shared.tls.clone(),
             backup_volume: m.backup_volume.clone(),
             sync: m.sync,
             delay: Duration::from_micros(m.delay_us),
             failover_after: (m.failover_after_ms > 0)
                 .then(|| Duration::from_millis(m.failover_after_ms)),
             token: self.shared.cfg.token.clone(),
-            tls: self.shared.tls.clone(),
             origin: self.start_instant(),
         };
         (

@@ -36,16 +36,16 @@ pub struct LinkConfig {
     pub primary: String,
     pub backup_agent: String,
     pub backup_address: String,
+    /// This agent's mutual-TLS files when it serves with them: the backup is then dialed over
+    /// TLS only (never plaintext), with this agent's certificate, and must hold a certificate
+    /// issued for `backup_agent`.
+    pub tls: Option<lockstep_core::tls::TlsIdentity>,
     pub backup_volume: String,
     pub sync: bool,
     pub delay: Duration,
     /// Sync mode: fail over to async after this long without an ack.
     pub failover_after: Option<Duration>,
     pub token: Option<String>,
-    /// This agent's mutual-TLS files when it serves with them: the backup is then dialed over
-    /// TLS only (never plaintext), with this agent's certificate, and must hold a certificate
-    /// issued for `backup_agent`.
-    pub tls: Option<lockstep_core::tls::TlsIdentity>,
     /// The run's synchronized start: stall and fail-over times count from here.
     pub origin: Instant,
 }
