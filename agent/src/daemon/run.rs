@@ -291,6 +291,7 @@ impl ActiveRun {
             token: self.shared.cfg.token.clone(),
             origin: self.start_instant(),
             keep_files: self.setup.keep_files,
+            catch_up: !m.no_catch_up,
         };
         (
             cfg,

@@ -77,6 +77,8 @@ pub struct LinkConfig {
     pub origin: Instant,
     /// The run keeps its files (`--keep-files`): the backup keeps its mirror files too.
     pub keep_files: bool,
+    /// Resend what a returned backup missed (off: it stays behind, and the report says so).
+    pub catch_up: bool,
 }
 
 /// A write handed over and not yet acknowledged.
@@ -148,9 +150,10 @@ impl State {
         }
     }
 
-    /// Still to do for the backup: unacknowledged writes, owed bytes, chunks in flight.
-    fn settled(&self) -> bool {
-        self.pending.is_empty() && self.missed.is_empty() && self.chunks.is_empty()
+    /// Nothing left to do for the backup: no unacknowledged write, no chunk in flight, and
+    /// nothing owed (or nothing that will be sent: `catch_up` off).
+    fn settled(&self, catch_up: bool) -> bool {
+        self.pending.is_empty() && self.chunks.is_empty() && (self.missed.is_empty() || !catch_up)
     }
 }
 
@@ -270,7 +273,10 @@ impl Link {
         while Instant::now() < until {
             let (seq, range) = {
                 let mut st = self.state.lock().unwrap();
-                let ready = st.tx.is_some() && !st.failed_over && !st.chunk_failed;
+                let ready = self.cfg.catch_up
+                    && st.tx.is_some()
+                    && !st.failed_over
+                    && !st.chunk_failed;
                 if !ready || st.chunks.len() >= WINDOW {
                     return;
                 }
@@ -447,7 +453,7 @@ impl Link {
             {
                 let st = self.state.lock().unwrap();
                 let quiet = st.last_ack.unwrap_or(t0).max(t0);
-                if st.settled() || now >= t0 + FINAL_DRAIN || now >= quiet + FINAL_QUIET {
+                if st.settled(self.cfg.catch_up) || now >= t0 + FINAL_DRAIN || now >= quiet + FINAL_QUIET {
                     break;
                 }
             }
@@ -650,7 +656,7 @@ fn sender(link: &Link, from_loop: mpsc::Receiver<ToSend>) {
     loop {
         let catching_up = {
             let st = link.state.lock().unwrap();
-            !st.missed.is_empty() && st.tx.is_some() && !st.failed_over
+            link.cfg.catch_up && !st.missed.is_empty() && st.tx.is_some() && !st.failed_over
         };
         let wait = if catching_up {
             Duration::from_micros(300)
