@@ -67,11 +67,13 @@ fn primary_and_copy(dir: &Path) -> (PathBuf, PathBuf) {
     (primary[0].clone(), copy[0].clone())
 }
 
-/// 8 KiB blocks that differ between the primary's file and the backup's copy (a copy shorter
-/// than the file reads as zeros past its end: blocks never written are zeros on both), and how
-/// many blocks the file has.
-fn differing_blocks(primary: &Path, copy: &Path) -> (usize, usize) {
+/// 8 KiB blocks that differ between the primary's file and the backup's copy a run with
+/// `--keep-files` in `dir` left (a copy shorter than the file reads as zeros past its end:
+/// blocks never written are zeros on both).
+fn differing_blocks(dir: &Path) -> usize {
     const BLOCK: usize = 8192;
+    let (primary, copy) = primary_and_copy(dir);
+    let (primary, copy) = (primary.as_path(), copy.as_path());
     let a = std::fs::read(primary).unwrap_or_else(|e| panic!("{}: {e}", primary.display()));
     let mut b = std::fs::read(copy).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
     assert!(b.len() <= a.len(), "the copy is longer than the file");
@@ -81,17 +83,43 @@ fn differing_blocks(primary: &Path, copy: &Path) -> (usize, usize) {
         .zip(b.chunks(BLOCK))
         .filter(|(x, y)| x != y)
         .count();
-    (differ, a.len().div_ceil(BLOCK))
+    println!(
+        "{} vs {}: {differ} of {} blocks differ",
+        primary.display(),
+        copy.display(),
+        a.len().div_ceil(BLOCK)
+    );
+    differ
+}
+
+/// The drill with a fault of `kind` on the backup (agent-2) at t=8 s instead of its own, and
+/// the catch-up on or off; run with `--keep-files` in a scratch directory, which it returns.
+fn drill_run(
+    kind: &str,
+    duration: Option<&str>,
+    catch_up: bool,
+) -> (tempfile::TempDir, RunResults, String) {
+    let duration = duration.map_or(String::new(), |d| format!("duration = \"{d}\"\n"));
+    let fault = format!(
+        "[[fault]]\nname = \"backup-{kind}\"\nat = \"8s\"\n{duration}\
+         target = {{ agents = [\"agent-2\"] }}\nkind = \"{kind}\"\n"
+    );
+    let dir = scratch();
+    let (r, text) = run_local(dir.path(), &drill_with(&fault, catch_up), &["--keep-files"]);
+    (dir, r, text)
 }
 
 /// The drill's plan with another fault on the backup and, optionally, the catch-up off.
 fn drill_with(fault: &str, catch_up: bool) -> String {
     let plan = example("mirror-drill.toml");
-    let plan = plan.replace("failover_after = \"1s\" }", if catch_up {
-        "failover_after = \"1s\" }"
-    } else {
-        "failover_after = \"1s\", catch_up = false }"
-    });
+    let plan = plan.replace(
+        "failover_after = \"1s\" }",
+        if catch_up {
+            "failover_after = \"1s\" }"
+        } else {
+            "failover_after = \"1s\", catch_up = false }"
+        },
+    );
     let i = plan.find("[[fault]]").expect("the drill's fault");
     format!("{}{fault}", &plan[..i])
 }
@@ -205,17 +233,36 @@ fn a_paused_backup_stalls_the_primary_which_fails_over_and_recovers() {
     assert!(role.mirrored > 5_000, "{} mirrored", role.mirrored);
     // What the backup missed was resent when it returned: the report gives the catch-up, and
     // the backup's copy is the primary's file block for block.
-    print_catchup(pair);
     assert!(pair.missed_writes >= role.unmirrored / 2, "{pair:?}");
-    assert!(!pair.catchups.is_empty() && pair.catchups[0].start_ms >= back, "{pair:?}");
-    assert!(pair.catchups.iter().all(|c| c.duration_ms.is_some()), "{pair:?}");
-    assert_eq!(pair.behind_bytes, 0);
-    assert!(pair.valid_again_at_ms.is_some_and(|t| t >= back), "{pair:?}");
-    assert!(text.contains("a valid fail-over target again at t="), "{text}");
-    let (file, copy) = primary_and_copy(dir.path());
-    let (differ, blocks) = differing_blocks(&file, &copy);
-    println!("{} vs {}: {differ} of {blocks} blocks differ", file.display(), copy.display());
-    assert_eq!(differ, 0, "the backup's copy is not the primary's file");
+    assert!(
+        text.contains("a valid fail-over target again at t="),
+        "{text}"
+    );
+    assert_caught_up(dir.path(), pair, back);
+}
+
+/// The backup was caught up after it returned (at `back` ms): every catch-up finished, nothing
+/// owed at the end, a valid fail-over target again, and its copy is the primary's file.
+fn assert_caught_up(dir: &Path, pair: &MirrorPair, back: u64) {
+    print_catchup(pair);
+    assert!(
+        !pair.catchups.is_empty() && pair.catchups[0].start_ms >= back,
+        "{pair:?}"
+    );
+    assert!(
+        pair.catchups.iter().all(|c| c.duration_ms.is_some()),
+        "{pair:?}"
+    );
+    assert_eq!(pair.behind_bytes, 0, "{pair:?}");
+    assert!(
+        pair.valid_again_at_ms.is_some_and(|t| t >= back),
+        "{pair:?}"
+    );
+    assert_eq!(
+        differing_blocks(dir),
+        0,
+        "the backup's copy is not the primary's file"
+    );
 }
 
 /// A `cut_off` breaks the mirror's stream and refuses new ones: the primary fails over, and
@@ -223,24 +270,16 @@ fn a_paused_backup_stalls_the_primary_which_fails_over_and_recovers() {
 #[test]
 fn a_backup_cut_off_and_back_is_caught_up_to_a_copy_of_the_primary_file() {
     let _guard = serial();
-    let dir = scratch();
-    let fault = "[[fault]]\nname = \"backup-cut\"\nat = \"8s\"\nduration = \"3s\"\n\
-                 target = { agents = [\"agent-2\"] }\nkind = \"cut_off\"\n";
-    let (r, _text) = run_local(dir.path(), &drill_with(fault, true), &["--keep-files"]);
+    let (dir, r, _text) = drill_run("cut_off", Some("3s"), true);
     let (role, pair) = primary(&r);
     println!(
         "mirrored {} unmirrored {}; failovers {:?}; returns {:?}; link error {}",
         role.mirrored, role.unmirrored, pair.failover_at_ms, pair.recovered_at_ms, pair.link_error
     );
-    print_catchup(pair);
-    assert!(!pair.failover_at_ms.is_empty() && !pair.recovered_at_ms.is_empty(), "{pair:?}");
+    assert!(!pair.failover_at_ms.is_empty(), "{pair:?}");
+    let &back = pair.recovered_at_ms.last().expect("the backup's return");
     assert!(pair.missed_writes > 100, "{pair:?}");
-    assert!(pair.catchups.iter().all(|c| c.duration_ms.is_some()), "{pair:?}");
-    assert_eq!(pair.behind_bytes, 0, "{pair:?}");
-    let (file, copy) = primary_and_copy(dir.path());
-    let (differ, blocks) = differing_blocks(&file, &copy);
-    println!("{differ} of {blocks} blocks differ");
-    assert_eq!(differ, 0, "the backup's copy is not the primary's file");
+    assert_caught_up(dir.path(), pair, back);
 }
 
 /// The same pause with the catch-up off: the writes made during the fail-over never reach the
@@ -249,19 +288,20 @@ fn a_backup_cut_off_and_back_is_caught_up_to_a_copy_of_the_primary_file() {
 #[test]
 fn without_the_catch_up_a_returned_backup_stays_behind_and_its_copy_differs() {
     let _guard = serial();
-    let dir = scratch();
-    let fault = "[[fault]]\nname = \"backup-pause\"\nat = \"8s\"\nduration = \"3s\"\n\
-                 target = { agents = [\"agent-2\"] }\nkind = \"pause\"\n";
-    let (r, text) = run_local(dir.path(), &drill_with(fault, false), &["--keep-files"]);
+    let (dir, r, text) = drill_run("pause", Some("3s"), false);
     let (_, pair) = primary(&r);
     print_catchup(pair);
     assert!(pair.catchups.is_empty(), "{pair:?}");
-    assert!(pair.behind_bytes > 0 && pair.valid_again_at_ms.is_none(), "{pair:?}");
+    assert!(
+        pair.behind_bytes > 0 && pair.valid_again_at_ms.is_none(),
+        "{pair:?}"
+    );
     assert!(text.contains("not caught up:"), "{text}");
-    let (file, copy) = primary_and_copy(dir.path());
-    let (differ, blocks) = differing_blocks(&file, &copy);
-    println!("{differ} of {blocks} blocks differ");
-    assert!(differ > 50, "only {differ} blocks differ without the catch-up");
+    let differ = differing_blocks(dir.path());
+    assert!(
+        differ > 50,
+        "only {differ} blocks differ without the catch-up"
+    );
 }
 
 /// A backup killed for good: the primary fails over and never catches it up; the report says
@@ -269,10 +309,7 @@ fn without_the_catch_up_a_returned_backup_stays_behind_and_its_copy_differs() {
 #[test]
 fn a_killed_backup_is_reported_not_caught_up() {
     let _guard = serial();
-    let dir = scratch();
-    let fault = "[[fault]]\nname = \"backup-kill\"\nat = \"8s\"\n\
-                 target = { agents = [\"agent-2\"] }\nkind = \"kill\"\n";
-    let (r, text) = run_local(dir.path(), &drill_with(fault, true), &[]);
+    let (_dir, r, text) = drill_run("kill", None, true);
     let (_, pair) = primary(&r);
     print_catchup(pair);
     assert!(pair.did_not_return, "{pair:?}");
@@ -324,12 +361,7 @@ fn a_backup_agent_takes_mirrored_writes_only_with_the_token_and_keeps_them_in_it
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
         assert!(!file.exists());
 
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        req.metadata_mut()
-            .insert("authorization", "Bearer s3cret".parse().unwrap());
-        tx.send(write(0, 0)).await.unwrap();
-        let mut acks = client.mirror(req).await.unwrap().into_inner();
+        let (tx, mut acks) = open_stream(&mut client, write(0, 0)).await;
         let probe = acks.message().await.unwrap().unwrap();
         assert_eq!((probe.seq, probe.error.as_str()), (0, ""));
         for seq in 1..=3 {
@@ -347,17 +379,20 @@ fn a_backup_agent_takes_mirrored_writes_only_with_the_token_and_keeps_them_in_it
         // A stream that breaks leaves the file: the primary comes back to catch it up.
         drop(tx);
         assert!(acks.message().await.unwrap().is_none(), "the stream ends");
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        req.metadata_mut()
-            .insert("authorization", "Bearer s3cret".parse().unwrap());
-        tx.send(write(0, 0)).await.unwrap();
-        let mut acks = client.mirror(req).await.unwrap().into_inner();
+        let (tx, mut acks) = open_stream(&mut client, write(0, 0)).await;
         assert_eq!(acks.message().await.unwrap().unwrap().seq, 0);
-        assert_eq!(std::fs::read(&file).unwrap().len(), 4 * 4096, "kept between streams");
+        assert_eq!(
+            std::fs::read(&file).unwrap().len(),
+            4 * 4096,
+            "kept between streams"
+        );
         tx.send(write(4, 4096)).await.unwrap();
         assert_eq!(acks.message().await.unwrap().unwrap().seq, 4);
-        assert_eq!(std::fs::read(&file).unwrap().len(), 5 * 4096, "the same file");
+        assert_eq!(
+            std::fs::read(&file).unwrap().len(),
+            5 * 4096,
+            "the same file"
+        );
         // The primary's end: the file goes.
         let end = MirrorWrite {
             end: true,
@@ -373,4 +408,21 @@ fn a_backup_agent_takes_mirrored_writes_only_with_the_token_and_keeps_them_in_it
         lockstep_tests::wait_for(std::time::Duration::from_secs(5), || !file.exists()),
         "the mirror file is removed when the primary ends it"
     );
+}
+
+/// A `Mirror` stream with the token of the test's backup, opened with `first`.
+async fn open_stream(
+    client: &mut lockstep_proto::v1::agent_client::AgentClient<tonic::transport::Channel>,
+    first: lockstep_proto::v1::MirrorWrite,
+) -> (
+    tokio::sync::mpsc::Sender<lockstep_proto::v1::MirrorWrite>,
+    tonic::Streaming<lockstep_proto::v1::MirrorAck>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    tx.send(first).await.unwrap();
+    let acks = client.mirror(req).await.unwrap().into_inner();
+    (tx, acks)
 }

@@ -273,10 +273,8 @@ impl Link {
         while Instant::now() < until {
             let (seq, range) = {
                 let mut st = self.state.lock().unwrap();
-                let ready = self.cfg.catch_up
-                    && st.tx.is_some()
-                    && !st.failed_over
-                    && !st.chunk_failed;
+                let ready =
+                    self.cfg.catch_up && st.tx.is_some() && !st.failed_over && !st.chunk_failed;
                 if !ready || st.chunks.len() >= WINDOW {
                     return;
                 }
@@ -453,7 +451,10 @@ impl Link {
             {
                 let st = self.state.lock().unwrap();
                 let quiet = st.last_ack.unwrap_or(t0).max(t0);
-                if st.settled(self.cfg.catch_up) || now >= t0 + FINAL_DRAIN || now >= quiet + FINAL_QUIET {
+                if st.settled(self.cfg.catch_up)
+                    || now >= t0 + FINAL_DRAIN
+                    || now >= quiet + FINAL_QUIET
+                {
                     break;
                 }
             }
@@ -480,7 +481,11 @@ impl Link {
         }
         let until = Instant::now() + Duration::from_secs(1);
         while st.ends_acked < queued && Instant::now() < until && st.tx.is_some() {
-            st = self.moved.wait_timeout(st, Duration::from_millis(20)).unwrap().0;
+            st = self
+                .moved
+                .wait_timeout(st, Duration::from_millis(20))
+                .unwrap()
+                .0;
         }
     }
 }

@@ -178,10 +178,7 @@ mod tests {
         m.insert(r(1, 0, 4096)); // another file
         m.insert(r(0, 65_536, 4096));
         let v: Vec<Range> = m.iter().collect();
-        assert_eq!(
-            v,
-            vec![r(0, 0, 24_096), r(0, 65_536, 4096), r(1, 0, 4096)]
-        );
+        assert_eq!(v, vec![r(0, 0, 24_096), r(0, 65_536, 4096), r(1, 0, 4096)]);
         assert_eq!(m.bytes(), 24_096 + 4096 + 4096);
     }
 

@@ -283,8 +283,16 @@ mod tests {
         assert_eq!(
             m.catchups,
             vec![
-                CatchUp { start: s(13), end: Some(s(15)), bytes: 135_168 },
-                CatchUp { start: s(18), end: None, bytes: 8192 },
+                CatchUp {
+                    start: s(13),
+                    end: Some(s(15)),
+                    bytes: 135_168
+                },
+                CatchUp {
+                    start: s(18),
+                    end: None,
+                    bytes: 8192
+                },
             ]
         );
         let w = m.to_wire("b", true, 0);
