@@ -278,6 +278,36 @@ pub fn mirror_file_path(volume: &Path, run_id: &str, primary: &str, file: &str) 
 mod tests {
     use super::*;
 
+    /// A file no stream uses goes after the orphan delay, unless a stream came back for it.
+    #[tokio::test]
+    async fn an_orphaned_mirror_file_goes_unless_its_primary_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = MirrorVolume {
+            name: "data".into(),
+            path: dir.path().to_path_buf(),
+        };
+        let w = |run: &str| MirrorWrite {
+            run_id: run.into(),
+            primary: "a/data".into(),
+            file: "p.0.0".into(),
+            ..MirrorWrite::default()
+        };
+        let short = Duration::from_millis(50);
+        let gone = MirrorFile::attach(&vol, &w("orphan")).unwrap();
+        let back = MirrorFile::attach(&vol, &w("back")).unwrap();
+        let (p1, p2) = (gone.path.clone(), back.path.clone());
+        gone.detach(short);
+        back.clone().detach(short);
+        // The primary of "back" returns on a new stream before the delay is over.
+        let again = MirrorFile::attach(&vol, &w("back")).unwrap();
+        assert!(Arc::ptr_eq(&again, &back), "the same open file");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!p1.exists(), "the orphan is removed");
+        assert!(p2.exists(), "the file its primary came back for stays");
+        MirrorFile::forget(&p2, false);
+        assert!(!p2.exists());
+    }
+
     #[test]
     fn a_mirror_file_name_keeps_only_safe_characters() {
         assert_eq!(
