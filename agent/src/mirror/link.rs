@@ -248,7 +248,9 @@ impl Link {
         while let Some(p) = st.pending.pop_front() {
             st.miss(p.range);
         }
+        drop(st);
         self.moved.notify_all();
+        // Logged without the lock: a log write that blocks must not hold up the IO loop.
         tracing::warn!(
             "mirror to {}: no ack for {:.1}s: failed over to async at t={:.1}s",
             self.cfg.backup_agent,
@@ -268,18 +270,21 @@ impl Link {
 
     /// Reads owed ranges back from the primary's file and queues them, while the backup
     /// answers, the window has room and this pass's slice lasts. Sender thread only.
-    fn pump_catchup(&self) {
-        let until = Instant::now() + CATCHUP_SLICE;
+    /// Returns whether it queued a chunk. It stops by `until` at the latest (give or take one
+    /// chunk's read).
+    fn pump_catchup(&self, until: Instant) -> bool {
+        let until = until.min(Instant::now() + CATCHUP_SLICE);
+        let mut queued = false;
         while Instant::now() < until {
             let (seq, range) = {
                 let mut st = self.state.lock().unwrap();
                 let ready =
                     self.cfg.catch_up && st.tx.is_some() && !st.failed_over && !st.chunk_failed;
                 if !ready || st.chunks.len() >= WINDOW {
-                    return;
+                    return queued;
                 }
                 let Some(range) = st.missed.take(CHUNK) else {
-                    return;
+                    return queued;
                 };
                 st.next_chunk += 1;
                 let seq = CHUNK_BIT | st.next_chunk;
@@ -305,13 +310,14 @@ impl Link {
                     st.missed.insert(range);
                     st.chunk_failed = true;
                     st.stats.link_error = format!("catch-up: cannot read the primary's file: {e}");
-                    return;
+                    return queued;
                 }
             };
             let len = data.len() as u64;
             let msg = self.data_message(seq, Range { len, ..range }, data);
             let sent = st.tx.as_ref().is_some_and(|tx| tx.try_send(msg).is_ok());
             if sent {
+                queued = true;
                 let t = self.since_start(Instant::now());
                 st.stats.catching_up(t, len);
                 if len < range.len {
@@ -320,9 +326,37 @@ impl Link {
             } else {
                 st.chunks.remove(i);
                 st.missed.insert(range);
-                return;
+                return queued;
             }
         }
+        queued
+    }
+
+    /// Holds a live write until it is due (the injected delay), catching up meanwhile: a
+    /// catch-up that only ran between writes would get the little time the delays leave. A
+    /// chunk read while a write waits has that write's bytes already (it finished locally
+    /// before), and the write goes after it, so the order still holds.
+    fn hold_until(&self, due: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= due {
+                return;
+            }
+            if !self.pump_catchup(due) {
+                let step = if self.catching_up() {
+                    Duration::from_micros(100)
+                } else {
+                    due - now
+                };
+                std::thread::sleep(step.min(due - now));
+            }
+        }
+    }
+
+    /// Owed bytes and a backup to send them to.
+    fn catching_up(&self) -> bool {
+        let st = self.state.lock().unwrap();
+        self.cfg.catch_up && !st.missed.is_empty() && st.tx.is_some() && !st.failed_over
     }
 
     /// A range of the primary's file as it is now (short at the file's end).
@@ -364,6 +398,7 @@ impl Link {
                 st.failed_over = false;
                 let t = self.since_start(at);
                 st.stats.recoveries.push(t);
+                drop(st);
                 tracing::info!(
                     "mirror to {}: the backup answers again at t={:.1}s",
                     self.cfg.backup_agent,
@@ -447,7 +482,7 @@ impl Link {
                 *last_probe = now;
                 self.probe_if_failed_over();
             }
-            self.pump_catchup();
+            self.pump_catchup(Instant::now() + CATCHUP_SLICE);
             {
                 let st = self.state.lock().unwrap();
                 let quiet = st.last_ack.unwrap_or(t0).max(t0);
@@ -659,22 +694,14 @@ impl Drop for MirrorLink {
 fn sender(link: &Link, from_loop: mpsc::Receiver<ToSend>) {
     let mut last_probe = Instant::now();
     loop {
-        let catching_up = {
-            let st = link.state.lock().unwrap();
-            link.cfg.catch_up && !st.missed.is_empty() && st.tx.is_some() && !st.failed_over
-        };
-        let wait = if catching_up {
+        let wait = if link.catching_up() {
             Duration::from_micros(300)
         } else {
             Duration::from_millis(2)
         };
         match from_loop.recv_timeout(wait) {
             Ok(w) => {
-                let due = w.done + link.cfg.delay;
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
+                link.hold_until(w.done + link.cfg.delay);
                 link.send(w);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -689,7 +716,7 @@ fn sender(link: &Link, from_loop: mpsc::Receiver<ToSend>) {
             last_probe = now;
             link.probe_if_failed_over();
         }
-        link.pump_catchup();
+        link.pump_catchup(Instant::now() + CATCHUP_SLICE);
     }
 }
 
