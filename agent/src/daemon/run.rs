@@ -291,6 +291,8 @@ impl ActiveRun {
                 .then(|| Duration::from_millis(m.failover_after_ms)),
             token: self.shared.cfg.token.clone(),
             origin: self.start_instant(),
+            keep_files: self.setup.keep_files,
+            catch_up: !m.no_catch_up,
         };
         (
             cfg,
