@@ -191,7 +191,7 @@ async fn serve_messages(
     volumes: &[MirrorVolume],
     mut incoming: tonic::Streaming<MirrorWrite>,
     acks: &mpsc::Sender<Result<MirrorAck, Status>>,
-    refused: impl Fn() -> Option<String>,
+    refused: impl Fn(&MirrorWrite) -> Option<Status>,
     files: &mut HashMap<String, Arc<MirrorFile>>,
 ) {
     loop {
