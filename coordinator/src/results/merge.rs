@@ -6,15 +6,18 @@
 //! same interval. Histograms stay sparse (`SparseHistogram`), so a 1,000-agent x 8-volume
 //! cluster merges in memory proportional to the latency buckets actually used.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use lockstep_proto::histogram::{BucketDecoder, Geometry, HistogramCodecError, SparseHistogram};
 use lockstep_proto::v1::{DirInterval, IntervalReport, VolumeInterval};
+
+mod cluster;
 
 use crate::results::counts::{DenseCounts, PagedCounts, Union2, UnionFigures};
 use crate::results::keeper::{Keep, KeptPoints};
 use crate::results::timeline::{Timeline, VolumeModel, VolumePoint, VolumeSeries};
 use crate::results::{ClusterPoint, DirSummary, LatSummary, NodeResult, Summary, VolumeResult};
+use cluster::ClusterIntervals;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
@@ -145,56 +148,6 @@ struct VolumeAcc {
     intervals: u64,
 }
 
-/// Intervals this far behind the newest are closed: their latency counts are dropped and only
-/// their figures kept, so a 12-hour run does not keep 43,200 histograms. Ten intervals leave
-/// room for agents that report late (a slow link, a replay after a short cut-off) while the
-/// open ones hold at most 10 x 270 KiB.
-const OPEN_INTERVALS: u64 = 10;
-
-/// The cluster at one interval. While open, its latency counts are kept dense (adding a volume
-/// is a pass over that volume's buckets only); once closed, only the percentiles computed then.
-#[derive(Default)]
-struct ClusterInterval {
-    t_ms: u64,
-    len_ms: u64,
-    ios: u64,
-    bytes: u64,
-    errors: u64,
-    volumes: u32,
-    lat: DenseCounts,
-    /// p50, p99 and p99.9 at closing.
-    closed: Option<[u64; 3]>,
-}
-
-const CLUSTER_QS: [f64; 3] = [0.5, 0.99, 0.999];
-
-impl ClusterInterval {
-    fn close(&mut self) {
-        if self.closed.is_none() {
-            self.closed = Some(self.lat.quantiles(CLUSTER_QS));
-            self.lat = DenseCounts::default();
-        }
-    }
-
-    fn point(&self) -> ClusterPoint {
-        let secs = (self.len_ms.max(1)) as f64 / 1000.0;
-        let q = self
-            .closed
-            .unwrap_or_else(|| self.lat.quantiles(CLUSTER_QS));
-        let us = |ns: u64| ns as f64 / 1000.0;
-        ClusterPoint {
-            t_ms: self.t_ms,
-            iops: self.ios as f64 / secs,
-            bytes_per_sec: self.bytes as f64 / secs,
-            errors: self.errors,
-            lat_p50_us: us(q[0]),
-            lat_p99_us: us(q[1]),
-            lat_p999_us: us(q[2]),
-            volumes: self.volumes,
-        }
-    }
-}
-
 /// One volume-interval's histograms decoded into reused buffers: [read, write] x [lat,
 /// lat_intended], each with its geometry when the agent sent one.
 #[derive(Default)]
@@ -289,10 +242,8 @@ pub struct Merger {
     /// into `volumes`).
     index: HashMap<String, Vec<(String, usize)>>,
     volumes: Vec<VolumeAcc>,
-    cluster: BTreeMap<u64, ClusterInterval>,
-    newest: Option<u64>,
-    /// Cluster intervals below this index are closed.
-    closed_below: u64,
+    /// The cluster's figures per interval (64 bytes each once closed).
+    cluster: ClusterIntervals,
     decoded: Decoded,
 }
 
@@ -327,9 +278,7 @@ impl Merger {
             keep: Keep::for_run(interval_ms, 0, accs.len()),
             index,
             volumes: accs,
-            cluster: BTreeMap::new(),
-            newest: None,
-            closed_below: 0,
+            cluster: ClusterIntervals::new(interval_ms),
             decoded: Decoded::default(),
         }
     }
@@ -441,18 +390,6 @@ impl Merger {
             |d: &Option<DirInterval>| d.as_ref().map_or([0; 3], |d| [d.ios, d.bytes, d.errors]);
         let (r, w) = (dir(&vi.read), dir(&vi.write));
         let u = if measured {
-            let c = self.cluster.entry(index).or_default();
-            c.t_ms = t_ms;
-            c.len_ms = c.len_ms.max(len_ms);
-            c.ios += r[0] + w[0];
-            c.bytes += r[1] + w[1];
-            c.errors += r[2] + w[2];
-            c.volumes += 1;
-            // A report after its interval closed (an agent more than OPEN_INTERVALS behind)
-            // adds its IOs, bytes and errors, but not its latencies: the cluster's percentiles
-            // for that interval stay those computed at closing. The volume's and the run's
-            // figures include them exactly.
-            let lat = c.closed.is_none().then_some(&mut c.lat);
             for (d, t) in acc.total.iter_mut().enumerate() {
                 let x = [r, w][d];
                 t.ios += x[0];
@@ -461,7 +398,12 @@ impl Merger {
             }
             acc.outstanding_sum += vi.outstanding;
             acc.intervals += 1;
-            dec.absorb(Some(&mut acc.total), lat).map_err(err)?
+            let counters = [r[0] + w[0], r[1] + w[1], r[2] + w[2]];
+            self.cluster
+                .add(index, len_ms, counters, |lat| {
+                    dec.absorb(Some(&mut acc.total), lat)
+                })
+                .map_err(err)?
         } else {
             dec.absorb(None, None).map_err(err)?
         };
@@ -483,20 +425,8 @@ impl Merger {
         if !measured {
             return Ok(point);
         }
-        self.close_behind(index);
+        self.cluster.close_behind(index);
         Ok(point)
-    }
-
-    fn close_behind(&mut self, index: u64) {
-        if self.newest.is_some_and(|n| index <= n) {
-            return;
-        }
-        self.newest = Some(index);
-        let below = index.saturating_sub(OPEN_INTERVALS - 1);
-        for (_, c) in self.cluster.range_mut(self.closed_below..below) {
-            c.close();
-        }
-        self.closed_below = self.closed_below.max(below);
     }
 
     fn lookup(&self, agent: &str, volume: &str) -> Option<usize> {
@@ -516,11 +446,11 @@ impl Merger {
 
     /// The cluster at interval `index`, from whatever volumes reported it so far.
     pub fn cluster_point(&self, index: u64) -> Option<ClusterPoint> {
-        self.cluster.get(&index).map(ClusterInterval::point)
+        self.cluster.point(index)
     }
 
     pub fn latest_index(&self) -> Option<u64> {
-        self.cluster.keys().next_back().copied()
+        self.cluster.latest_index()
     }
 
     /// The kept timeline so far, one point per `keep().fold` intervals (for the final
@@ -589,7 +519,7 @@ impl Merger {
                 summary: summarize(&n, seconds)?,
             });
         }
-        let cluster_timeline = self.cluster.values().map(ClusterInterval::point).collect();
+        let cluster_timeline = self.cluster.points();
         Ok(Finished {
             cluster: summarize(&cluster.finish(), seconds)?,
             nodes,
@@ -705,6 +635,7 @@ pub struct Finished {
 
 #[cfg(test)]
 mod tests {
+    use super::cluster::OPEN_INTERVALS;
     use super::*;
     use hdrhistogram::Histogram;
     use lockstep_proto::histogram::encode;
@@ -975,13 +906,11 @@ mod tests {
             m.ingest("a", i, 1000, &vi("data", &[1_000_000 + i]), true)
                 .unwrap();
         }
-        let closed = |m: &Merger| m.cluster.values().filter(|c| c.closed.is_some()).count();
-        assert_eq!(closed(&m) as u64, 30 - OPEN_INTERVALS);
-        assert!(
-            m.cluster
-                .values()
-                .filter(|c| c.closed.is_some())
-                .all(|c| c.lat.quantiles([1.0]) == [0])
+        // Only the newest OPEN_INTERVALS keep latency counts.
+        let (closed, open) = m.cluster.counts();
+        assert_eq!(
+            (closed as u64, open as u64),
+            (30 - OPEN_INTERVALS, OPEN_INTERVALS)
         );
         let before = m.cluster_point(3).unwrap();
         assert_eq!(before.lat_p99_us, 1000.447);
