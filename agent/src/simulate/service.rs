@@ -71,6 +71,8 @@ struct SimRun {
     interval: Duration,
     runtime: Duration,
     volumes: Vec<SimVolume>,
+    /// Significant digits of the interval histograms sent (`histogram_digits`).
+    digits: u8,
 }
 
 enum Phase {
@@ -231,8 +233,14 @@ impl Agent for SimAgent {
     ) -> Result<Response<PrepareReply>, Status> {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
-        let reply = |error: String, warnings: Vec<String>| {
-            Ok(Response::new(PrepareReply { error, warnings }))
+        let reply = |result: Result<u8, String>, warnings: Vec<String>| {
+            Ok(Response::new(crate::daemon::prepare_reply(
+                result, warnings,
+            )))
+        };
+        let digits = match crate::daemon::asked_digits(&req) {
+            Ok(d) => d,
+            Err(e) => return reply(Err(e), Vec::new()),
         };
         let mut phase = self.inner.phase.lock().unwrap();
         match &*phase {
@@ -258,12 +266,12 @@ impl Agent for SimAgent {
                     volumes.push(v);
                     runtime = runtime.max(r);
                 }
-                Err(e) => return reply(e, Vec::new()),
+                Err(e) => return reply(Err(e), Vec::new()),
             }
         }
         let Some(runtime) = runtime else {
             return reply(
-                "a simulated agent runs time_based jobs with a runtime only (the coordinator sets both)".into(),
+                Err("a simulated agent runs time_based jobs with a runtime only (the coordinator sets both)".into()),
                 Vec::new(),
             );
         };
@@ -277,8 +285,9 @@ impl Agent for SimAgent {
             interval: Duration::from_millis(req.interval_ms.max(10)),
             runtime,
             volumes,
+            digits,
         });
-        reply(String::new(), warnings)
+        reply(Ok(digits), warnings)
     }
 
     /// A simulated agent lays nothing out: its layout is over as soon as it is prepared.
@@ -527,7 +536,7 @@ fn interval_report(
                     bytes: entry.ios * 4096,
                     errors: 0,
                     clat_hist: Vec::new(),
-                    lat_hist: entry.encoded.clone(),
+                    lat_hist: entry.encoded_at(run.digits).to_vec(),
                     lat_intended_hist: Vec::new(),
                 }
             };
