@@ -32,6 +32,8 @@ pub struct Pools {
     /// The slow volume's, from mid-run (`--slow`).
     pub slow_read: Pool,
     pub slow_write: Pool,
+    /// One permit: the final results are built one at a time (see `stream_run`).
+    pub finals: tokio::sync::Semaphore,
 }
 
 /// What happens to a simulated agent mid-run.
@@ -458,11 +460,18 @@ async fn stream_run(
             return end_run(&agent);
         }
     }
+    // Every agent of the process ends its run in the same instant. Building 1,000 final
+    // results on 1,000 blocking threads at once took the cores from the runtime's workers for
+    // long enough that the HTTP/2 keepalive gave up on every connection and the coordinator
+    // lost all 1,000 agents at the end of a 60 s run (docs/scale.md). One at a time, the
+    // workers keep a core; the coordinator waits for the finals anyway.
     let finals = {
         let (pools, volumes) = (inner.pools.clone(), run.volumes.clone());
-        tokio::task::spawn_blocking(move || final_volumes(&pools, &volumes, &tallies))
-            .await
-            .unwrap_or_default()
+        let permit = inner.pools.finals.acquire().await;
+        let built =
+            tokio::task::spawn_blocking(move || final_volumes(&pools, &volumes, &tallies)).await;
+        drop(permit);
+        built.unwrap_or_default()
     };
     let ev = send(run_event::Event::Final(FinalResult {
         volumes: finals,
