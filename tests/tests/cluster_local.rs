@@ -128,6 +128,17 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("agent-3/data"));
 }
 
+/// Runs `plan` on `agents` local agents and expects it to succeed: the results directory.
+fn run_ok(dir: &Path, plan: &str, agents: usize) -> std::path::PathBuf {
+    let (o, out) = run_plan(dir, plan, Some(agents), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
+    );
+    out
+}
+
 /// `histogram_digits = 2`: the agents send their interval histograms coarsened to 2
 /// significant digits, the data files keep them so, the summaries are merged from them, and
 /// results.json and the text report say so; fio.json (the agents' final results) keeps 3.
@@ -138,12 +149,7 @@ fn a_two_digit_run_sends_stores_and_reports_two_digit_histograms() {
         "interval = \"1s\"",
         "interval = \"1s\"\nhistogram_digits = 2",
     );
-    let (o, out) = run_plan(dir.path(), &plan, Some(2), &[]);
-    assert!(
-        o.status.success(),
-        "lockstep run failed: {}",
-        output_text(&o)
-    );
+    let out = run_ok(dir.path(), &plan, 2);
     let r = read_results(&out);
     assert_eq!(r.status, RunStatus::Completed);
     assert_eq!(r.data.as_ref().map(|d| d.histogram_digits), Some(2));
@@ -203,12 +209,7 @@ fn a_two_digit_run_sends_stores_and_reports_two_digit_histograms() {
 fn the_plans_reporting_interval_is_the_agents_interval() {
     let dir = scratch();
     let plan = SMALL.replace("interval = \"1s\"", "interval = \"250ms\"");
-    let (o, out) = run_plan(dir.path(), &plan, Some(2), &[]);
-    assert!(
-        o.status.success(),
-        "lockstep run failed: {}",
-        output_text(&o)
-    );
+    let out = run_ok(dir.path(), &plan, 2);
     let t = read_timeline(&out);
     assert_eq!(t.interval_ms, 250);
     for v in &t.volumes {
