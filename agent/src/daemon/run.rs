@@ -286,6 +286,7 @@ impl ActiveRun {
             primary: format!("{}/{volume}", self.shared.cfg.name),
             backup_agent: m.backup_agent.clone(),
             backup_address: m.backup_address.clone(),
+            tls: self.shared.tls.clone(),
             backup_volume: m.backup_volume.clone(),
             sync: m.sync,
             delay: Duration::from_micros(m.delay_us),
@@ -293,6 +294,8 @@ impl ActiveRun {
                 .then(|| Duration::from_millis(m.failover_after_ms)),
             token: self.shared.cfg.token.clone(),
             origin: self.start_instant(),
+            keep_files: self.setup.keep_files,
+            catch_up: !m.no_catch_up,
         };
         (
             cfg,

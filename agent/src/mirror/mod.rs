@@ -4,10 +4,12 @@
 //! - `link`: the primary's side, one link per job clone, which the IO loop hands each finished
 //!   write to (`runner::MirrorHook`); the injected delay, fail-over and probes;
 //! - `backup`: the backup's side of the `Mirror` call, writing into a file of its volume;
+//! - `missed`: the byte ranges a backup has not acknowledged, which a catch-up resends;
 //! - `stats`: what the primary saw (breakdown per write, stalls, fail-overs), pure.
 
 pub mod backup;
 pub mod link;
+pub mod missed;
 pub mod stats;
 
 pub use link::{LinkConfig, MirrorLink};

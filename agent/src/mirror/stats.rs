@@ -1,11 +1,12 @@
 //! What a primary saw of its mirror: the breakdown of each mirrored write, the writes that
-//! completed without the backup, the longest stall, fail-overs and returns. Pure bookkeeping,
+//! completed without the backup, the longest stall, fail-overs and returns, the writes the
+//! backup missed and each catch-up. Pure bookkeeping,
 //! fed with instants by the link and the IO loop, so its arithmetic is tested without a network.
 
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use lockstep_proto::v1::MirrorTotals;
+use lockstep_proto::v1::{MirrorCatchUp, MirrorTotals};
 
 use crate::stats::{latency_histogram, record};
 
@@ -25,8 +26,24 @@ pub struct MirrorStats {
     pub longest_stall: Duration,
     pub longest_stall_at: Duration,
     pub link_error: String,
+    /// Writes the backup did not acknowledge, and their bytes (`MirrorTotals`).
+    pub missed_writes: u64,
+    pub missed_bytes: u64,
+    /// Each catch-up, in order of start.
+    pub catchups: Vec<CatchUp>,
+    /// Bytes still owed to the backup when the run ended.
+    pub behind_bytes: u64,
     /// The last completed mirrored write (or the start), for stalls.
     last_mirrored: Duration,
+}
+
+/// One catch-up: from the first chunk sent again to the moment the backup had every byte it
+/// missed (`end`), offsets from the run's start; `end` `None`: not caught up by the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUp {
+    pub start: Duration,
+    pub end: Option<Duration>,
+    pub bytes: u64,
 }
 
 impl Default for MirrorStats {
@@ -44,6 +61,10 @@ impl Default for MirrorStats {
             longest_stall: Duration::ZERO,
             longest_stall_at: Duration::ZERO,
             link_error: String::new(),
+            missed_writes: 0,
+            missed_bytes: 0,
+            catchups: Vec::new(),
+            behind_bytes: 0,
             last_mirrored: Duration::ZERO,
         }
     }
@@ -91,6 +112,31 @@ impl MirrorStats {
     /// A write completed without its ack (async after a fail-over, link down, backup error).
     pub fn completed_unmirrored(&mut self) {
         self.unmirrored += 1;
+    }
+
+    /// A write the backup will not acknowledge: its bytes are owed (the catch-up's work).
+    pub fn missed(&mut self, len: u64) {
+        self.missed_writes += 1;
+        self.missed_bytes += len;
+    }
+
+    /// A catch-up chunk of `bytes` was sent at `t`: the first one opens a catch-up.
+    pub fn catching_up(&mut self, t: Duration, bytes: u64) {
+        match self.catchups.last_mut() {
+            Some(c) if c.end.is_none() => c.bytes += bytes,
+            _ => self.catchups.push(CatchUp {
+                start: t,
+                end: None,
+                bytes,
+            }),
+        }
+    }
+
+    /// The backup has every byte it missed, at `t`: the open catch-up ends.
+    pub fn caught_up(&mut self, t: Duration) {
+        if let Some(c) = self.catchups.last_mut().filter(|c| c.end.is_none()) {
+            c.end = Some(t);
+        }
     }
 
     /// A mirrored write completed at `t`: the gap since the last one may be the longest stall.
@@ -141,6 +187,11 @@ impl MirrorStats {
         if self.link_error.is_empty() {
             self.link_error = o.link_error.clone();
         }
+        self.missed_writes += o.missed_writes;
+        self.missed_bytes += o.missed_bytes;
+        self.behind_bytes += o.behind_bytes;
+        self.catchups.extend(&o.catchups);
+        self.catchups.sort_by_key(|c| c.start);
     }
 
     /// The wire form sent in the volume's final result.
@@ -163,6 +214,19 @@ impl MirrorStats {
             failover_at_ms: self.failovers.iter().map(ms).collect(),
             recovered_at_ms: self.recoveries.iter().map(ms).collect(),
             link_error: self.link_error.clone(),
+            missed_writes: self.missed_writes,
+            missed_bytes: self.missed_bytes,
+            catchups: self
+                .catchups
+                .iter()
+                .map(|c| MirrorCatchUp {
+                    start_ms: ms(&c.start),
+                    end_ms: c.end.as_ref().map_or(0, ms),
+                    done: c.end.is_some(),
+                    bytes: c.bytes,
+                })
+                .collect(),
+            behind_bytes: self.behind_bytes,
         }
     }
 }
@@ -202,6 +266,38 @@ mod tests {
         m.end(s(20));
         assert_eq!((m.longest_stall, m.longest_stall_at), (s(12), s(8)));
         assert_eq!(m.mirrored, 4);
+    }
+
+    #[test]
+    fn a_catch_up_runs_from_its_first_chunk_to_the_last_byte_owed() {
+        let s = Duration::from_secs;
+        let mut m = MirrorStats::default();
+        m.missed(8192);
+        m.missed(8192);
+        m.catching_up(s(13), 131_072);
+        m.catching_up(s(14), 4096);
+        m.caught_up(s(15));
+        m.caught_up(s(16)); // nothing open: no change
+        m.catching_up(s(18), 8192);
+        assert_eq!((m.missed_writes, m.missed_bytes), (2, 16_384));
+        assert_eq!(
+            m.catchups,
+            vec![
+                CatchUp {
+                    start: s(13),
+                    end: Some(s(15)),
+                    bytes: 135_168
+                },
+                CatchUp {
+                    start: s(18),
+                    end: None,
+                    bytes: 8192
+                },
+            ]
+        );
+        let w = m.to_wire("b", true, 0);
+        assert_eq!((w.catchups[0].end_ms, w.catchups[0].done), (15_000, true));
+        assert!(!w.catchups[1].done);
     }
 
     #[test]

@@ -42,6 +42,12 @@ impl Buffers {
         // SAFETY: i < slots, so the offset stays inside the allocation.
         unsafe { self.ptr.add(i * self.slot_len) }
     }
+    /// A slot's bytes to read (a finished write's data, handed to its mirror).
+    pub(super) fn bytes(&self, i: usize, len: usize) -> &[u8] {
+        let len = len.min(self.slot_len);
+        // SAFETY: inside the slot's part of the allocation; no IO using it is in flight.
+        unsafe { std::slice::from_raw_parts(self.slot(i), len) }
+    }
     pub(super) fn slice(&mut self, i: usize, len: usize) -> &mut [u8] {
         // SAFETY: the slot is ours while no IO using it is in flight (caller's invariant).
         unsafe { std::slice::from_raw_parts_mut(self.slot(i), len) }

@@ -101,7 +101,10 @@ fn clone_body(ctx: &mut CloneCtx<'_>, report: &mut JobReport) -> Result<(), Stri
     }
     let gate = ctx.faults.gate.take();
     let fault = ctx.faults.fault.take();
-    let mirror = ctx.faults.mirror.take();
+    let mut mirror = ctx.faults.mirror.take();
+    if let Some(m) = mirror.as_mut() {
+        m.files(ctx.files);
+    }
     let mut io_loop = IoLoop::new(ctx, report, io, gate, fault);
     io_loop.mirror = mirror;
     io_loop.run();

@@ -75,9 +75,21 @@ pub struct CloneFaults {
 /// mode its completion waits until the mirror releases its sequence number (the backup's ack,
 /// or a fail-over). Only an atomic load per pass while writes wait, so the loop stays cheap.
 pub trait MirrorHook: Send {
-    /// A write of `len` bytes at `offset` finished locally at `done`, `local_ns` after it was
-    /// ready (fio's lat: submission and completion). `Some(seq)`: the IO completes only once `released() >= seq`.
-    fn written(&mut self, offset: u64, len: u32, local_ns: u64, done: Instant) -> Option<u64>;
+    /// The clone's files, before its first write: `written`'s `file` indexes them, and a
+    /// catch-up reads what the backup missed back from them.
+    fn files(&mut self, files: &[crate::layout::PlannedFile]);
+    /// A write of `data` (the IO's own buffer: the bytes the file now holds) at `offset` of
+    /// file `file` finished locally at `done`, `local_ns` after it was ready (fio's lat:
+    /// submission and completion). `Some(seq)`: the IO completes only once
+    /// `released() >= seq`.
+    fn written(
+        &mut self,
+        file: u32,
+        offset: u64,
+        data: &[u8],
+        local_ns: u64,
+        done: Instant,
+    ) -> Option<u64>;
     /// Every held write up to this sequence number may complete.
     fn released(&self) -> u64;
     /// Sleeps until `released() >= seq` or `until`: the loop's wait when only writes held for

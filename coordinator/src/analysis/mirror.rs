@@ -1,11 +1,11 @@
 //! The mirror report from the primaries' final results: histograms merged per role (never
 //! averaged), the breakdown checked against the role's measured write latency, and per pair
-//! what a backup failure did (stall, fail-over, return).
+//! what a backup failure did (stall, fail-over, return, what it missed, its catch-up).
 
 use lockstep_proto::histogram::SparseHistogram;
 use lockstep_proto::v1::MirrorTotals;
 
-use crate::results::mirror::{MirrorPair, MirrorReport, MirrorRole};
+use crate::results::mirror::{MirrorCatchUp, MirrorPair, MirrorReport, MirrorRole};
 use crate::results::{LatSummary, RunResults};
 
 /// The report, or `None` when no volume mirrored its writes.
@@ -95,7 +95,29 @@ fn pair(node: &str, volume: &str, m: &MirrorTotals) -> MirrorPair {
         recovered_at_ms: m.recovered_at_ms.clone(),
         did_not_return: did_not_return(last_failover, last_return),
         link_error: m.link_error.clone(),
+        missed_writes: m.missed_writes,
+        missed_bytes: m.missed_bytes,
+        catchups: m
+            .catchups
+            .iter()
+            .map(|c| MirrorCatchUp {
+                start_ms: c.start_ms,
+                duration_ms: c.done.then(|| c.end_ms.saturating_sub(c.start_ms)),
+                bytes: c.bytes,
+            })
+            .collect(),
+        valid_again_at_ms: valid_again_at(m, last_failover),
+        behind_bytes: m.behind_bytes,
     }
+}
+
+/// When the pair was a valid fail-over target again: the end of the last catch-up, if the
+/// backup was owed nothing at the end and no fail-over came after it. `None` when nothing was
+/// ever missed, or the backup was still behind.
+fn valid_again_at(m: &MirrorTotals, last_failover: Option<u64>) -> Option<u64> {
+    let last = m.catchups.last()?;
+    let after_failover = last_failover.is_none_or(|f| last.end_ms >= f);
+    (last.done && m.behind_bytes == 0 && after_failover).then_some(last.end_ms)
 }
 
 /// A fail-over with no return after it.
@@ -167,6 +189,34 @@ mod tests {
             ..role
         };
         assert_eq!(breakdown_gap_pct(&async_role), None);
+    }
+
+    #[test]
+    fn a_pair_is_a_valid_target_again_only_once_caught_up_after_the_last_fail_over() {
+        let cu = |start_ms, end_ms, done| lockstep_proto::v1::MirrorCatchUp {
+            start_ms,
+            end_ms,
+            done,
+            bytes: 1 << 20,
+        };
+        let mut m = MirrorTotals {
+            catchups: vec![cu(13_000, 13_400, true)],
+            ..MirrorTotals::default()
+        };
+        assert_eq!(valid_again_at(&m, Some(11_000)), Some(13_400));
+        let p = pair("agent-1", "data", &m);
+        assert_eq!(p.catchups[0].duration_ms, Some(400));
+        // A later fail-over: not valid again until a catch-up after it.
+        assert_eq!(valid_again_at(&m, Some(15_000)), None);
+        // Still behind at the end.
+        m.behind_bytes = 4096;
+        assert_eq!(valid_again_at(&m, None), None);
+        m.behind_bytes = 0;
+        m.catchups.push(cu(16_000, 0, false));
+        assert_eq!(valid_again_at(&m, None), None);
+        assert_eq!(pair("a", "d", &m).catchups[1].duration_ms, None);
+        // Nothing missed, no catch-up: nothing to say.
+        assert_eq!(valid_again_at(&MirrorTotals::default(), None), None);
     }
 
     #[test]

@@ -263,6 +263,9 @@ pub struct Mirror {
     pub delay_us: u64,
     /// Sync mode: fail over to async after this long without an ack.
     pub failover_after: Option<Duration>,
+    /// Resend what a returned backup missed (default); `false` leaves it behind, to measure
+    /// what that costs or to show that the backup's copy is stale without it.
+    pub catch_up: bool,
     pub line: usize,
 }
 
@@ -1097,6 +1100,7 @@ fn build_mirror(src: &Source, what: &str, rr: &raw::RawRole) -> Result<Option<Mi
         sync,
         delay_us,
         failover_after,
+        catch_up: raw.catch_up.unwrap_or(true),
         line: src.line_of(m),
     }))
 }

@@ -68,6 +68,7 @@ pub(super) struct RawMirror {
     pub mode: Option<String>,
     pub delay_us: Option<u64>,
     pub failover_after: Option<Dur>,
+    pub catch_up: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -109,6 +109,7 @@ pub struct MirrorAssignment {
     pub sync: bool,
     pub delay_us: u64,
     pub failover_after: Option<Duration>,
+    pub catch_up: bool,
 }
 
 impl MirrorAssignment {
@@ -121,6 +122,7 @@ impl MirrorAssignment {
             sync: self.sync,
             delay_us: self.delay_us,
             failover_after_ms: self.failover_after.map_or(0, millis),
+            no_catch_up: !self.catch_up,
         }
     }
 }
@@ -325,6 +327,7 @@ fn assign_mirrors(plan: &Plan, agents: &mut [AgentAssignment]) -> Result<(), Pla
                     sync: m.sync,
                     delay_us: m.delay_us,
                     failover_after: m.failover_after,
+                    catch_up: m.catch_up,
                 };
                 agents[pa].volumes[pv].mirror = Some(target);
             }

@@ -1548,11 +1548,26 @@ fn a_mirrored_role_pairs_its_volumes_with_the_backup_roles() {
     assert_eq!(target.backup_volume, "data");
     let wire = target.wire();
     assert_eq!(
-        (wire.sync, wire.delay_us, wire.failover_after_ms),
-        (true, 1100, 2000)
+        (
+            wire.sync,
+            wire.delay_us,
+            wire.failover_after_ms,
+            wire.no_catch_up
+        ),
+        (true, 1100, 2000, false)
     );
     let (_, b) = a.volumes().find(|(ag, _)| ag.agent == "agent-2").unwrap();
     assert!(b.mirror.is_none(), "the backup mirrors nothing");
+    // The catch-up is on unless the plan turns it off.
+    let off = parse_ok(&MIRRORED.replace(
+        "failover_after = \"2s\"",
+        "failover_after = \"2s\", catch_up = false",
+    ));
+    let m = off.role("primary").unwrap().mirror.clone().unwrap();
+    assert!(!m.catch_up);
+    let a = resolve(&off, &local(2)).unwrap();
+    let (_, v) = a.volumes().find(|(ag, _)| ag.agent == "agent-1").unwrap();
+    assert!(v.mirror.as_ref().unwrap().wire().no_catch_up);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! What the primaries of mirrored pairs saw: each mirrored write's latency broken into the local
 //! write, the network (round trip minus the backup's write) and the backup's write, merged over
 //! a role's volumes like every other histogram; the writes that completed without the backup;
-//! and, per pair, the longest stall, fail-overs and the backup's return. Produced by
+//! and, per pair, the longest stall, fail-overs, the backup's return, what it missed and how it
+//! was caught up. Produced by
 //! `analysis::mirror`, rendered by the exporters; part of the results model, imports no
 //! analysis.
 
@@ -61,4 +62,29 @@ pub struct MirrorPair {
     pub did_not_return: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub link_error: String,
+    /// Writes the backup did not acknowledge (during a fail-over, with the link down, dropped
+    /// from a full stream queue, on a stream that broke), and their bytes.
+    #[serde(default)]
+    pub missed_writes: u64,
+    #[serde(default)]
+    pub missed_bytes: u64,
+    /// Each catch-up of the backup (the missed ranges resent from the primary's file).
+    #[serde(default)]
+    pub catchups: Vec<MirrorCatchUp>,
+    /// When the backup had every byte again after its last catch-up, and no fail-over was in
+    /// force: a valid fail-over target again (ms from the start).
+    #[serde(default)]
+    pub valid_again_at_ms: Option<u64>,
+    /// Bytes the backup was still owed when the run ended (0: caught up).
+    #[serde(default)]
+    pub behind_bytes: u64,
+}
+
+/// One catch-up: from the first chunk resent to the last byte owed acknowledged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MirrorCatchUp {
+    pub start_ms: u64,
+    /// `None`: still behind when the run ended.
+    pub duration_ms: Option<u64>,
+    pub bytes: u64,
 }

@@ -138,11 +138,14 @@ impl IoLoop<'_> {
             if let Some(m) = self.mirror.as_mut() {
                 m.finished(slot.mirror_seq, took, t_done);
             }
-        } else if slot.dir == Direction::Write && c.result > 0 && !stopping_now {
+        } else if slot.dir == Direction::Write && c.result > 0 {
+            // Writes that finish while the job stops go to the mirror too (held, then released
+            // by the stop): the backup's copy must have every byte the primary's file has.
             if let Some(m) = self.mirror.as_mut() {
                 // The local write as fio's lat counts it: submission and completion.
                 let local = t_done.saturating_duration_since(slot.ready).as_nanos() as u64;
-                if let Some(seq) = m.written(slot.offset, c.result as u32, local, t_done) {
+                let data = self.buffers.bytes(c.tag as usize, c.result as usize);
+                if let Some(seq) = m.written(slot.file, slot.offset, data, local, t_done) {
                     if let Some(s) = self.slots[c.tag as usize].as_mut() {
                         s.mirror_seq = seq;
                     }

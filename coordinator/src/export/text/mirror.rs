@@ -96,7 +96,108 @@ fn pair_text(o: &mut String, p: &MirrorPair) {
         let _ = write!(o, "; the backup did not return");
     }
     o.push('\n');
+    catchup_text(o, p);
     if !p.link_error.is_empty() {
         let _ = writeln!(o, "    last link error: {}", p.link_error);
+    }
+}
+
+/// What the backup missed and how it was caught up, or how far behind it ended.
+fn catchup_text(o: &mut String, p: &MirrorPair) {
+    if p.missed_writes == 0 && p.catchups.is_empty() && p.behind_bytes == 0 {
+        return;
+    }
+    let s = |t_ms: u64| format!("{:.1}s", t_ms as f64 / 1000.0);
+    let _ = write!(
+        o,
+        "    missed {} writes ({} MiB)",
+        p.missed_writes,
+        mib(p.missed_bytes)
+    );
+    for c in &p.catchups {
+        match c.duration_ms {
+            Some(d) => {
+                let _ = write!(
+                    o,
+                    "; caught up {} MiB from t={} in {d} ms",
+                    mib(c.bytes),
+                    s(c.start_ms)
+                );
+            }
+            None => {
+                let _ = write!(
+                    o,
+                    "; catch-up from t={} ({} MiB sent)",
+                    s(c.start_ms),
+                    mib(c.bytes)
+                );
+            }
+        }
+    }
+    match p.valid_again_at_ms {
+        Some(t) if p.behind_bytes == 0 => {
+            let _ = write!(o, "; a valid fail-over target again at t={}", s(t));
+        }
+        _ if p.behind_bytes > 0 => {
+            let _ = write!(
+                o,
+                "; not caught up: {} MiB behind at the end",
+                mib(p.behind_bytes)
+            );
+        }
+        _ => {}
+    }
+    o.push('\n');
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> MirrorPair {
+        MirrorPair {
+            primary: "agent-1/data".into(),
+            backup: "agent-2".into(),
+            missed_writes: 1_497,
+            missed_bytes: 1_497 * 8192,
+            ..MirrorPair::default()
+        }
+    }
+
+    #[test]
+    fn a_caught_up_pair_gives_its_catch_up_and_when_it_was_a_valid_target_again() {
+        let mut p = pair();
+        p.catchups = vec![crate::results::mirror::MirrorCatchUp {
+            start_ms: 13_050,
+            duration_ms: Some(310),
+            bytes: 12 << 20,
+        }];
+        p.valid_again_at_ms = Some(13_360);
+        let mut o = String::new();
+        catchup_text(&mut o, &p);
+        assert_eq!(
+            o,
+            "    missed 1497 writes (11.7 MiB); caught up 12.0 MiB from t=13.1s in 310 ms; \
+             a valid fail-over target again at t=13.4s\n"
+        );
+    }
+
+    #[test]
+    fn a_backup_that_never_returned_is_not_caught_up() {
+        let mut p = pair();
+        p.behind_bytes = 5 << 20;
+        let mut o = String::new();
+        catchup_text(&mut o, &p);
+        assert_eq!(
+            o,
+            "    missed 1497 writes (11.7 MiB); not caught up: 5.0 MiB behind at the end\n"
+        );
+        let mut quiet = String::new();
+        catchup_text(&mut quiet, &MirrorPair::default());
+        assert_eq!(quiet, "", "nothing missed: no line");
     }
 }
