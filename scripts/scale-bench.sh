@@ -8,14 +8,16 @@
 # noise. docs/scale.md has figures and what they mean.
 #
 # Usage: scripts/scale-bench.sh [SIZES="100 1000 10000"]
-#   env: VOLUMES=8 DURATION=60s INTERVAL=1s BASE_PORT=20000 KEEP=1 (keep the run directories;
-#   mind the disk: data/ takes about 2 KB per volume-interval)
+#   env: VOLUMES=8 DURATION=60s INTERVAL=1s DIGITS=3 (the plan's histogram_digits, 2 or 3)
+#   BASE_PORT=20000 KEEP=1 (keep the run directories; mind the disk: data/ takes about 2 KB per
+#   volume-interval at 3 digits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"100 1000 10000"}
 volumes=${VOLUMES:-8}
 duration=${DURATION:-60s}
 interval=${INTERVAL:-1s}
+digits=${DIGITS:-3}
 base_port=${BASE_PORT:-20000}
 cargo build --release --workspace --bins -q
 bin=target/release
@@ -31,6 +33,7 @@ cat > "$out/plan.toml" <<EOF
 name = "scale"
 duration = "$duration"
 interval = "$interval"
+histogram_digits = $digits
 
 [[role]]
 name = "datanode"
@@ -95,6 +98,10 @@ try:
     r = json.load(open(os.path.join(d, "run", "results.json")))
     skew = (r.get("start_skew_ns") or 0) / 1e6
     status = f"{r['status']} {len(r['volumes'])} vols, start skew {skew:.1f} ms"
+    data = r.get("data") or {}
+    if data.get("stored_bytes") and m_lag:
+        per_vi = data["stored_bytes"] / (n * m * int(m_lag.group(4)))
+        status += f", {data.get('histogram_digits', 3)} digits, histograms {per_vi:.0f} B/vol-iv on disk"
 except Exception as e:
     status = f"exit {rc}, no results.json"
 if m_lag:

@@ -689,6 +689,8 @@ enum Call {
         work: Vec<VolumeWork>,
         interval_ms: u64,
         keep_files: bool,
+        /// Any value: 0, 2 and 3 are accepted, anything else refused naming the field.
+        histogram_digits: u32,
     },
     /// `start_at`: milliseconds from now, or an absolute instant in ns.
     Start {
@@ -720,14 +722,18 @@ fn call(vol: String) -> impl Strategy<Value = Call> {
             prop::collection::vec(work(vol), 0..3),
             prop_oneof![Just(0u64), Just(1), Just(100), Just(1000), Just(u64::MAX), any::<u64>()],
             any::<bool>(),
+            digits(),
         )
-            .prop_map(|(version, token, run_id, work, interval_ms, keep_files)| Call::Prepare {
-                version,
-                token,
-                run_id,
-                work,
-                interval_ms,
-                keep_files,
+            .prop_map(|(version, token, run_id, work, interval_ms, keep_files, histogram_digits)| {
+                Call::Prepare {
+                    version,
+                    token,
+                    run_id,
+                    work,
+                    interval_ms,
+                    keep_files,
+                    histogram_digits,
+                }
             }),
         3 => (
             version(),
@@ -752,6 +758,15 @@ fn call(vol: String) -> impl Strategy<Value = Call> {
             .prop_map(|(v, t, r, why)| Call::Abort(v, t, r, why)),
         1 => (version(), token(), run_id(), any::<u64>())
             .prop_map(|(v, t, r, after)| Call::Attach(v, t, r, after)),
+    ]
+}
+
+/// `histogram_digits` of a Prepare: mostly the valid ones, and any other value.
+fn digits() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        3 => prop::sample::select(vec![0u32, 2, 3]),
+        1 => prop::sample::select(vec![1u32, 4, 7, 255, u32::MAX]),
+        1 => any::<u32>(),
     ]
 }
 
@@ -827,6 +842,7 @@ async fn perform(client: &mut AgentClient<Channel>, call: &Call) -> Result<(), T
             work,
             interval_ms,
             keep_files,
+            histogram_digits,
         } => {
             let req = PrepareRequest {
                 protocol_version: *version,
@@ -834,6 +850,7 @@ async fn perform(client: &mut AgentClient<Channel>, call: &Call) -> Result<(), T
                 work: work.clone(),
                 interval_ms: *interval_ms,
                 keep_files: *keep_files,
+                histogram_digits: *histogram_digits,
             };
             let r = bounded("prepare", client.prepare(request(req, token))).await?;
             if let Some(reply) = check_status("prepare", r)? {
@@ -847,6 +864,24 @@ async fn perform(client: &mut AgentClient<Channel>, call: &Call) -> Result<(), T
                 // an error built from an empty message would read as success).
                 if !reply.error.is_empty() {
                     prop_assert!(!reply.error.trim().is_empty(), "blank prepare error");
+                }
+                // Digits it cannot send are refused by name; accepted ones are echoed.
+                match *histogram_digits {
+                    0 | 2 | 3 if reply.error.is_empty() => {
+                        let sends = if *histogram_digits == 0 {
+                            3
+                        } else {
+                            *histogram_digits
+                        };
+                        prop_assert_eq!(reply.histogram_digits, sends);
+                    }
+                    0 | 2 | 3 => {}
+                    _ => prop_assert!(
+                        reply.error.contains("histogram_digits"),
+                        "histogram_digits {} accepted or refused for another reason: {:?}",
+                        histogram_digits,
+                        reply.error
+                    ),
                 }
             }
         }
@@ -1090,6 +1125,7 @@ fn runs_with_hostile_work() {
                         work,
                         interval_ms,
                         keep_files: false,
+                        histogram_digits: 3,
                     },
                     Call::Start {
                         version: PROTOCOL_VERSION,
@@ -1102,6 +1138,65 @@ fn runs_with_hostile_work() {
                 calls.extend(rest);
                 calls
             })
+    });
+}
+
+/// A Prepare asking for interval histograms at digits the agent cannot send (only 2 and 3, or
+/// 0 from an older coordinator) is refused naming `histogram_digits`, and nothing is prepared:
+/// a valid Prepare of the same agent then succeeds and echoes its digits.
+#[test]
+fn unsupported_histogram_digits_are_refused_naming_the_field() {
+    let h = Harness::start();
+    h.rt.block_on(async {
+        let mut client = h.client().await;
+        let req = |run_id: &str, histogram_digits: u32| PrepareRequest {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: run_id.to_string(),
+            work: vec![VolumeWork {
+                volume: "data".to_string(),
+                role: "r".to_string(),
+                jobfile: "[j]\nioengine=null\nsize=1m\nruntime=100ms\ntime_based\n".to_string(),
+                overrides: HashMap::new(),
+                faults: Vec::new(),
+                mirror: None,
+            }],
+            interval_ms: 1000,
+            keep_files: false,
+            histogram_digits,
+        };
+        for bad in [1, 7, 4, u32::MAX] {
+            let reply = client
+                .prepare(request(req(&format!("digits-{bad}"), bad), &Token::Right))
+                .await
+                .expect("a refusal is a reply")
+                .into_inner();
+            assert!(
+                reply.error.contains(&format!("histogram_digits = {bad}")),
+                "{bad}: {:?}",
+                reply.error
+            );
+            assert_eq!(reply.histogram_digits, 0);
+        }
+        for (asked, echoed) in [(2, 2), (3, 3), (0, 3)] {
+            let run_id = format!("digits-ok-{asked}");
+            let reply = client
+                .prepare(request(req(&run_id, asked), &Token::Right))
+                .await
+                .expect("ready")
+                .into_inner();
+            assert_eq!((reply.error.as_str(), reply.histogram_digits), ("", echoed));
+            client
+                .abort(request(
+                    AbortRequest {
+                        protocol_version: PROTOCOL_VERSION,
+                        run_id,
+                        reason: "test".into(),
+                    },
+                    &Token::Right,
+                ))
+                .await
+                .expect("abort");
+        }
     });
 }
 
@@ -1151,6 +1246,7 @@ fn malformed_faults_are_refused_naming_the_field() {
                 }],
                 interval_ms: 1000,
                 keep_files: false,
+                histogram_digits: 0,
             };
             let reply = client
                 .prepare(request(req, &Token::Right))

@@ -3,9 +3,10 @@
 //! without sockets (the simulator, `lockstep-agent simulate`, measures the network path).
 //!
 //! `cargo run --release -p lockstep --example long_run -- [--agents 100] [--volumes 8]
-//!  [--intervals 43200] [--ios 2000] [--out DIR]`
+//!  [--intervals 43200] [--ios 2000] [--digits 3|2] [--out DIR]`
 //!
 //! `--ios`: IOs per direction per volume-interval (the histograms' size follows it).
+//! `--digits 2`: histograms coarsened to 2 significant digits (`histogram_digits = 2`).
 //!
 //! Prints RSS every 10% of the run (it must stay flat after the first minute), the merge time
 //! per interval, the bytes on disk per volume-hour, and the time `lockstep report` takes on the
@@ -49,6 +50,8 @@ fn main() {
     let intervals: u64 = arg("--intervals", 43_200);
     let out: String = arg("--out", String::new());
     let ios: u64 = arg("--ios", 2000);
+    let digits: u8 = arg("--digits", 3);
+    assert!(matches!(digits, 2 | 3), "--digits 2 or 3");
     let tmp = tempfile::tempdir().unwrap();
     let out = if out.is_empty() {
         tmp.path().to_path_buf()
@@ -56,7 +59,7 @@ fn main() {
         std::path::PathBuf::from(out)
     };
     std::fs::create_dir_all(&out).unwrap();
-    let pool = support::volume_intervals(256, 11, ios);
+    let pool = support::volume_intervals(256, 11, ios, digits);
     let infos: Vec<PlannedVolume> = (0..agents)
         .flat_map(|a| {
             (0..volumes).map(move |v| PlannedVolume {

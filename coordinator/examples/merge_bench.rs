@@ -1,7 +1,7 @@
 //! Benchmark of the coordinator's merge path with simulated agents (not a test).
 //!
 //! `cargo run --release -p lockstep --example merge_bench -- [--agents 1000] [--volumes 8]
-//! [--intervals 60] [--wire stored|plain|deflate] [--per-volume] [--skip-report]`
+//! [--intervals 60] [--wire stored|plain|deflate] [--digits 3|2] [--per-volume] [--skip-report]`
 //!
 //! Each simulated agent sends, every interval, one `IntervalReport` with all its volumes, each
 //! with read and write latency histograms (~2,000 IOs each from a lognormal around 0.5 ms, in
@@ -15,14 +15,15 @@
 //! results.json and render the text report of a run of this size. First it compares the three
 //! wire framings on the same histograms: bytes, the agent's encode and the coordinator's decode.
 //! `--per-volume` merges with `Merger::ingest`, one call per volume (the path of
-//! orchestrate/streams.rs today), instead of `Merger::ingest_report`.
+//! orchestrate/streams.rs today), instead of `Merger::ingest_report`. `--digits 2` sends the
+//! histograms coarsened to 2 significant digits, as agents do under `histogram_digits = 2`.
 
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use lockstep::results::merge::{Merger, PlannedVolume};
 use lockstep::results::{RunResults, RunStatus};
-use lockstep_proto::histogram::{BucketDecoder, WIRE, Wire, encode_as};
+use lockstep_proto::histogram::{BucketDecoder, WIRE, Wire, coarsen, encode_as};
 use lockstep_proto::v1::{DirInterval, IntervalReport, VolumeInterval};
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -218,7 +219,14 @@ fn main() {
     let volumes = arg("--volumes", 8usize);
     let intervals = arg("--intervals", 60usize);
     let wire: Wire = arg("--wire", WIRE);
-    let hists = histograms(7);
+    let digits: u8 = arg("--digits", 3);
+    let hists: Vec<[Histogram<u64>; 2]> = histograms(7)
+        .iter()
+        .map(|pair| {
+            pair.each_ref()
+                .map(|h| coarsen(h, digits).expect("--digits 2 or 3"))
+        })
+        .collect();
     compare_wires(&hists);
     let pool = reports(&hists, volumes, wire);
     let wire_bytes = pool.iter().map(Vec::len).sum::<usize>() as f64 / (POOL * volumes) as f64;
@@ -236,7 +244,7 @@ fn main() {
     let (wall_med, wall_worst) = median_worst(&timing.wall);
     let (cpu_med, cpu_worst) = median_worst(&timing.cpu);
     println!(
-        "merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread, wire {wire:?}{}",
+        "merge path: {agents} agents x {volumes} volumes, {intervals} intervals of 1 s, one thread, wire {wire:?}, {digits} significant digits{}",
         if flag("--per-volume") {
             ", Merger::ingest per volume"
         } else {

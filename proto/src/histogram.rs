@@ -88,6 +88,87 @@ pub fn encode_as(h: &Histogram<u64>, wire: Wire) -> Result<Vec<u8>, HistogramCod
     Ok(out)
 }
 
+/// The significant digits agents record at (fio parity, per-job figures, final results).
+pub const RECORDED_DIGITS: u8 = 3;
+
+/// The significant digits a plan may ask interval histograms to be sent at, default first.
+/// 3 keeps them as recorded (0.1% value resolution); 2 (1%, fio's own histogram buckets are
+/// 1.6% wide) holds about a tenth of the buckets, which makes the coordinator's merge and the
+/// data files several times cheaper (docs/scale.md, "Two significant digits").
+pub const INTERVAL_DIGITS: [u8; 2] = [3, 2];
+
+/// The interval digits a Prepare asks for: 0 (a coordinator that predates the option) is 3,
+/// 2 and 3 are themselves, anything else is refused with a message naming the field.
+pub fn interval_digits(asked: u32) -> Result<u8, String> {
+    match asked {
+        0 => Ok(RECORDED_DIGITS),
+        2 | 3 => Ok(asked as u8),
+        _ => Err(format!(
+            "histogram_digits = {asked} is not supported: 2 or 3 (significant digits of the \
+             interval histograms)"
+        )),
+    }
+}
+
+/// The coordinator's check of a Prepare reply: the agent must send the digits asked for.
+/// `echoed` 0 is an agent that predates the option, which sends 3.
+pub fn check_echoed_digits(asked: u8, echoed: u32) -> Result<(), String> {
+    let sends = if echoed == 0 {
+        u32::from(RECORDED_DIGITS)
+    } else {
+        echoed
+    };
+    if sends == u32::from(asked) {
+        return Ok(());
+    }
+    let who = if echoed == 0 {
+        "it did not confirm histogram_digits (an agent older than the option), so it sends 3"
+            .to_string()
+    } else {
+        format!("it would send histogram_digits = {echoed}")
+    };
+    Err(format!(
+        "the plan asks for histogram_digits = {asked} but {who}: histograms of two precisions \
+         cannot be merged; run the same lockstep release on coordinator and agents, or use \
+         histogram_digits = 3"
+    ))
+}
+
+/// `h` at `digits` significant digits, exactly: HdrHistogram's buckets at fewer digits are
+/// unions of the buckets at more (both are powers of two wide and aligned to their width, and
+/// within one power of two the coarser width is a multiple of the finer one), so each count
+/// moves whole into the one coarser bucket that contains its bucket. Counts, the total and
+/// every value's bucket are preserved; only the resolution drops. `digits` equal to `h`'s
+/// is a copy; more digits than `h` has cannot be made up and is an error.
+pub fn coarsen(h: &Histogram<u64>, digits: u8) -> Result<Histogram<u64>, HistogramCodecError> {
+    let fail = |m: String| HistogramCodecError::Encode(m);
+    if digits == h.sigfig() {
+        return Ok(h.clone());
+    }
+    if digits > h.sigfig() {
+        return Err(fail(format!(
+            "cannot make a {}-digit histogram {digits}-digit",
+            h.sigfig()
+        )));
+    }
+    let mut out = Histogram::<u64>::new_with_bounds(h.low(), h.high(), digits)
+        .map_err(|e| fail(format!("{e:?}")))?;
+    for v in h.iter_recorded() {
+        // The bucket's highest value lies in the coarser bucket holding the whole bucket.
+        out.record_n(v.value_iterated_to(), v.count_at_value())
+            .map_err(|e| fail(format!("{e:?}")))?;
+    }
+    Ok(out)
+}
+
+/// An interval histogram as sent: coarsened to `digits`, then encoded.
+pub fn encode_at(h: &Histogram<u64>, digits: u8) -> Result<Vec<u8>, HistogramCodecError> {
+    if digits == h.sigfig() {
+        return encode(h);
+    }
+    encode(&coarsen(h, digits)?)
+}
+
 /// `v2` in the compressed framing: cookie, length, then a zlib stream (RFC 1950) of stored
 /// deflate blocks (RFC 1951, 3.2.4), which any inflater reads back as they are.
 fn stored_zlib(v2: &[u8]) -> Vec<u8> {
@@ -833,6 +914,7 @@ fn read_varint(b: &[u8]) -> Option<(u64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     use proptest::prelude::*;
 
@@ -904,6 +986,62 @@ mod tests {
             prop_assert_eq!(g.highest_equivalent(i), h.highest_equivalent(v));
             prop_assert!(i <= g.max_index());
         }
+    }
+
+    proptest! {
+        /// Coarsening to 2 digits is exact: every 3-digit bucket lies inside one 2-digit
+        /// bucket, each 2-digit bucket holds exactly the counts of the 3-digit buckets inside
+        /// it, and the total is kept. Compared bucket by bucket on the decoded wire form.
+        #[test]
+        fn two_digit_buckets_are_unions_of_three_digit_ones(
+            values in prop::collection::vec((1u64..3_600_000_000_000u64, 1u64..1000), 1..400),
+        ) {
+            let mut h = lockstep_hist();
+            for &(v, n) in &values { h.record_n(v, n).unwrap(); }
+            let fine = SparseHistogram::decode(&encode(&h).unwrap()).unwrap();
+            let coarse = SparseHistogram::decode(&encode_at(&h, 2).unwrap()).unwrap();
+            let (g3, g2) = (fine.geometry, coarse.geometry);
+            prop_assert_eq!(g2.sigfig, 2);
+            prop_assert_eq!(coarse.len(), h.len());
+            let mut want: BTreeMap<u32, u64> = BTreeMap::new();
+            for &(i, c) in fine.buckets() {
+                let (lo, hi) = (g3.lowest_equivalent(i), g3.highest_equivalent(i));
+                let j = g2.index_of(lo);
+                prop_assert_eq!(j, g2.index_of(hi), "3-digit bucket {}..={} straddles", lo, hi);
+                prop_assert!(g2.lowest_equivalent(j) <= lo && hi <= g2.highest_equivalent(j));
+                *want.entry(j).or_default() += c;
+            }
+            prop_assert_eq!(coarse.buckets(), &want.into_iter().collect::<Vec<_>>()[..]);
+            // Every recorded value lands in the 2-digit bucket that holds its 3-digit bucket.
+            for &(v, _) in &values {
+                let j = g2.index_of(v);
+                prop_assert!(coarse.buckets().iter().any(|&(i, _)| i == j));
+                prop_assert_eq!(j, g2.index_of(g3.highest_equivalent(g3.index_of(v))));
+            }
+            prop_assert_eq!(coarsen(&h, 3).unwrap(), h.clone());
+        }
+    }
+
+    #[test]
+    fn interval_digits_and_their_echo() {
+        assert_eq!(interval_digits(0), Ok(3));
+        assert_eq!(interval_digits(2), Ok(2));
+        assert_eq!(interval_digits(3), Ok(3));
+        for bad in [1, 4, 7, u32::MAX] {
+            assert!(
+                interval_digits(bad)
+                    .unwrap_err()
+                    .contains("histogram_digits")
+            );
+        }
+        assert!(check_echoed_digits(3, 0).is_ok());
+        assert!(check_echoed_digits(2, 2).is_ok());
+        let old = check_echoed_digits(2, 0).unwrap_err();
+        assert!(old.contains("did not confirm histogram_digits"), "{old}");
+        assert!(check_echoed_digits(2, 3).is_err());
+        assert!(check_echoed_digits(3, 2).is_err());
+        let h = lockstep_hist();
+        assert!(coarsen(&coarsen(&h, 2).unwrap(), 3).is_err());
     }
 
     fn spread(values: usize, count: u64) -> Histogram<u64> {

@@ -22,6 +22,9 @@ pub mod v1 {
 /// Not bumped for the `instance` fault (a new member of `Fault.kind`): an older agent sees no
 /// kind it knows and refuses the fault on receipt ("kind is missing"), so it never runs a plan
 /// without the limit it asked for.
+/// Not bumped for `histogram_digits` (Prepare): an older agent leaves the reply's field 0 and
+/// sends 3-digit histograms, which a coordinator asking for 2 refuses by name; an older
+/// coordinator never asks, and 0 means 3.
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The refusal both sides print on version skew.

@@ -128,18 +128,88 @@ fn local_run_merges_volumes_and_results_match_the_raw_histograms() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("agent-3/data"));
 }
 
+/// Runs `plan` on `agents` local agents and expects it to succeed: the results directory.
+fn run_ok(dir: &Path, plan: &str, agents: usize) -> std::path::PathBuf {
+    let (o, out) = run_plan(dir, plan, Some(agents), &[]);
+    assert!(
+        o.status.success(),
+        "lockstep run failed: {}",
+        output_text(&o)
+    );
+    out
+}
+
+/// `histogram_digits = 2`: the agents send their interval histograms coarsened to 2
+/// significant digits, the data files keep them so, the summaries are merged from them, and
+/// results.json and the text report say so; fio.json (the agents' final results) keeps 3.
+#[test]
+fn a_two_digit_run_sends_stores_and_reports_two_digit_histograms() {
+    let dir = scratch();
+    let plan = SMALL.replace(
+        "interval = \"1s\"",
+        "interval = \"1s\"\nhistogram_digits = 2",
+    );
+    let out = run_ok(dir.path(), &plan, 2);
+    let r = read_results(&out);
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.data.as_ref().map(|d| d.histogram_digits), Some(2));
+    let entries = lockstep::results::store::read_entries(&out).unwrap();
+    assert!(
+        entries.len() >= 2 * 4 * 2,
+        "{} stored histograms",
+        entries.len()
+    );
+    for e in &entries {
+        assert_eq!(e.histogram.geometry.sigfig, 2, "{}", e.tag);
+    }
+    // Each volume's figures are the merge of its stored two-digit histograms.
+    for v in &r.volumes {
+        let mut merged: Option<SparseHistogram> = None;
+        let prefix = format!("{}/{}/read/lat", v.node, v.volume);
+        for e in entries.iter().filter(|e| e.tag == prefix) {
+            match merged.as_mut() {
+                Some(h) => h.merge(&e.histogram).unwrap(),
+                None => merged = Some(e.histogram.clone()),
+            }
+        }
+        let h = merged.expect("the volume's read histograms");
+        assert_eq!(h.geometry.sigfig, 2);
+        assert_eq!(v.summary.read.lat.n, h.len(), "{prefix}");
+        assert_eq!(
+            v.summary.read.lat.percentiles["99.000000"],
+            h.value_at_percentile(99.0),
+            "{prefix}"
+        );
+    }
+    let fio = read_json(&out.join("fio.json"));
+    let all = fio["client_stats"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        all["read"]["total_ios"].as_u64().unwrap(),
+        r.cluster.read.ios
+    );
+    let said = "latency histograms: 2 significant digits";
+    let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
+    assert!(text.contains(said), "{text}");
+    let o = Command::new(bin("lockstep"))
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains(said));
+}
+
 /// The plan's `interval` reaches the agents: a 250 ms interval gives four points a second on
 /// every volume, each about 250 ms long.
 #[test]
 fn the_plans_reporting_interval_is_the_agents_interval() {
     let dir = scratch();
     let plan = SMALL.replace("interval = \"1s\"", "interval = \"250ms\"");
-    let (o, out) = run_plan(dir.path(), &plan, Some(2), &[]);
-    assert!(
-        o.status.success(),
-        "lockstep run failed: {}",
-        output_text(&o)
-    );
+    let out = run_ok(dir.path(), &plan, 2);
     let t = read_timeline(&out);
     assert_eq!(t.interval_ms, 250);
     for v in &t.volumes {

@@ -437,6 +437,7 @@ fn only_the_primarys_own_certificate_opens_a_mirror_stream_and_agents_drive_no_a
             work: Vec::new(),
             interval_ms: 1000,
             keep_files: false,
+            histogram_digits: 0,
         };
         let with_token = |m: PrepareRequest| {
             let mut req = tonic::Request::new(m);

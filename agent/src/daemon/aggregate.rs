@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockstep_proto::histogram::encode;
+use lockstep_proto::histogram::encode_at;
 use lockstep_proto::v1::{
     DirInterval, IntervalReport, RunEvent, Started, VolumeInterval, run_event,
 };
@@ -47,6 +47,9 @@ pub struct VolumeAggregator<E: VolumeEvents> {
     clones: usize,
     configured_depth: u32,
     open_loop: bool,
+    /// Significant digits the interval histograms are sent at (recorded at 3, coarsened
+    /// exactly to 2 when the plan asks: `histogram::coarsen`).
+    digits: u8,
     /// Faults active at a time offset (ms since start), for the timeline.
     active_faults: Box<dyn Fn(u64) -> Vec<String> + Send + Sync>,
     events: E,
@@ -65,6 +68,7 @@ impl<E: VolumeEvents> VolumeAggregator<E> {
         clones: usize,
         configured_depth: u32,
         open_loop: bool,
+        digits: u8,
         active_faults: Box<dyn Fn(u64) -> Vec<String> + Send + Sync>,
         events: E,
     ) -> Self {
@@ -73,6 +77,7 @@ impl<E: VolumeEvents> VolumeAggregator<E> {
             clones,
             configured_depth,
             open_loop,
+            digits,
             active_faults,
             events,
             state: Mutex::new(State {
@@ -119,12 +124,14 @@ impl<E: VolumeEvents> VolumeAggregator<E> {
             // clat and slat travel once, in the final result; intervals carry what is judged.
             clat_hist: Vec::new(),
             lat_hist: if d.ios > 0 {
-                encode(&d.lat).unwrap_or_default()
+                encode_at(&d.lat, self.digits).unwrap_or_default()
             } else {
                 Vec::new()
             },
             lat_intended_hist: match &d.lat_intended {
-                Some(h) if self.open_loop && d.ios > 0 => encode(h).unwrap_or_default(),
+                Some(h) if self.open_loop && d.ios > 0 => {
+                    encode_at(h, self.digits).unwrap_or_default()
+                }
                 _ => Vec::new(),
             },
         };
@@ -234,10 +241,61 @@ mod tests {
         });
     }
 
+    /// Under `histogram_digits = 2` the interval histogram goes out coarsened (exactly: same
+    /// count, the 2-digit bucket of the recorded value); under 3 as recorded.
+    #[test]
+    fn interval_histograms_are_sent_at_the_runs_digits() {
+        #[derive(Clone, Default)]
+        struct Hists(Arc<Mutex<Vec<Vec<u8>>>>);
+        impl VolumeEvents for Hists {
+            fn send(&self, e: RunEvent) {
+                if let Some(run_event::Event::Interval(iv)) = e.event {
+                    let read = iv.volumes[0].read.clone().unwrap();
+                    self.0.lock().unwrap().push(read.lat_hist);
+                }
+            }
+            fn observe(&self, _: &str, _: &VolumeInterval, _: &[DirStats; 2]) {}
+        }
+        for digits in [3u8, 2] {
+            let c = Hists::default();
+            let agg = VolumeAggregator::new(
+                "v".into(),
+                1,
+                1,
+                false,
+                digits,
+                Box::new(|_| vec![]),
+                c.clone(),
+            );
+            let mut d = [DirStats::new(false), DirStats::new(false)];
+            d[0].ios = 3;
+            for v in [123_456, 123_457, 987_654] {
+                record(&mut d[0].lat, v);
+            }
+            agg.on_interval(IntervalSnapshot {
+                index: 0,
+                job_index: 0,
+                job_name: "j",
+                clone: 0,
+                summary: &IntervalSummary::default(),
+                dirs: &d,
+            });
+            let sent = c.0.lock().unwrap().clone();
+            let h = lockstep_proto::histogram::SparseHistogram::decode(&sent[0]).unwrap();
+            assert_eq!((h.geometry.sigfig, h.len()), (digits, 3));
+            // 3 digits tell 123,456 from 123,457 apart only at this magnitude's 64 ns buckets,
+            // so both share one bucket either way; 987,654 has its own.
+            assert_eq!(h.buckets_in_use(), 2);
+            let g = h.geometry;
+            assert_eq!(h.max(), g.highest_equivalent(g.index_of(987_654)));
+        }
+    }
+
     #[test]
     fn merges_clones_by_interval_and_waits_for_all() {
         let c = Collect::default();
-        let agg = VolumeAggregator::new("v".into(), 2, 2, false, Box::new(|_| vec![]), c.clone());
+        let agg =
+            VolumeAggregator::new("v".into(), 2, 2, false, 3, Box::new(|_| vec![]), c.clone());
         snap(&agg, 0, 0, 10);
         assert!(
             c.0.lock().unwrap().is_empty(),

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use lockstep_proto::histogram::{RECORDED_DIGITS, interval_digits};
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
@@ -220,6 +221,8 @@ enum Phase {
         keep_files: bool,
         /// The plan's reporting interval.
         interval: Duration,
+        /// Significant digits of the interval histograms to send.
+        histogram_digits: u8,
     },
     Running {
         run_id: String,
@@ -308,6 +311,8 @@ impl Shared {
             hub: EventHub::for_volumes(self.metrics.clone(), volumes.len()),
             volumes,
             keep_files: req.keep_files,
+            // Checked before the layout began (`asked_digits`).
+            histogram_digits: interval_digits(req.histogram_digits).unwrap_or(RECORDED_DIGITS),
             // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
             interval: if req.interval_ms == 0 {
                 Duration::from_secs(1)
@@ -330,6 +335,30 @@ impl Shared {
 #[derive(Clone)]
 pub struct AgentService {
     shared: Arc<Shared>,
+}
+
+/// The significant digits a Prepare asks the interval histograms to be sent at, checked before
+/// anything is laid out (the simulator makes the same check with this function).
+pub fn asked_digits(req: &PrepareRequest) -> Result<u8, String> {
+    interval_digits(req.histogram_digits)
+}
+
+/// A Prepare reply: ready with the digits the agent will send (echoed, so the coordinator can
+/// refuse an agent that would send another precision), or refused with `error` (no digits).
+/// The simulator answers with this function too.
+pub fn prepare_reply(result: Result<u8, String>, warnings: Vec<String>) -> PrepareReply {
+    match result {
+        Ok(digits) => PrepareReply {
+            error: String::new(),
+            warnings,
+            histogram_digits: u32::from(digits),
+        },
+        Err(error) => PrepareReply {
+            error,
+            warnings,
+            histogram_digits: 0,
+        },
+    }
 }
 
 fn check_version(v: u32) -> Result<(), Status> {
@@ -663,6 +692,10 @@ impl Agent for AgentService {
         self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
+        let digits = match asked_digits(&req) {
+            Ok(d) => d,
+            Err(e) => return Ok(Response::new(prepare_reply(Err(e), Vec::new()))),
+        };
         {
             let mut phase = self.shared.phase.lock().unwrap();
             match &mut *phase {
@@ -717,14 +750,8 @@ impl Agent for AgentService {
         .await;
         guard.0 = None;
         match result {
-            Ok(Ok(())) => Ok(Response::new(PrepareReply {
-                error: String::new(),
-                warnings: Vec::new(),
-            })),
-            Ok(Err(e)) => Ok(Response::new(PrepareReply {
-                error: e,
-                warnings: Vec::new(),
-            })),
+            Ok(Ok(())) => Ok(Response::new(prepare_reply(Ok(digits), Vec::new()))),
+            Ok(Err(e)) => Ok(Response::new(prepare_reply(Err(e), Vec::new()))),
             Err(e) => Err(Status::internal(format!("prepare failed: {e}"))),
         }
     }
@@ -759,32 +786,33 @@ impl Agent for AgentService {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
-        let (volumes, hub, keep_files, interval) = match std::mem::replace(&mut *phase, Phase::Idle)
-        {
-            Phase::Prepared {
-                run_id,
-                volumes,
-                hub,
-                keep_files,
-                interval,
-            } if run_id == req.run_id => (volumes, hub, keep_files, interval),
-            other => {
-                let msg = match &other {
-                    Phase::Idle => "nothing prepared".to_string(),
-                    Phase::Prepared { run_id, .. } => {
-                        format!("prepared run is {}", shown_id(run_id))
-                    }
-                    Phase::Running { run_id, .. } => {
-                        format!("already running {}", shown_id(run_id))
-                    }
-                };
-                *phase = other;
-                return Err(Status::failed_precondition(format!(
-                    "cannot start run {}: {msg}",
-                    shown_id(&req.run_id)
-                )));
-            }
-        };
+        let (volumes, hub, keep_files, interval, histogram_digits) =
+            match std::mem::replace(&mut *phase, Phase::Idle) {
+                Phase::Prepared {
+                    run_id,
+                    volumes,
+                    hub,
+                    keep_files,
+                    interval,
+                    histogram_digits,
+                } if run_id == req.run_id => (volumes, hub, keep_files, interval, histogram_digits),
+                other => {
+                    let msg = match &other {
+                        Phase::Idle => "nothing prepared".to_string(),
+                        Phase::Prepared { run_id, .. } => {
+                            format!("prepared run is {}", shown_id(run_id))
+                        }
+                        Phase::Running { run_id, .. } => {
+                            format!("already running {}", shown_id(run_id))
+                        }
+                    };
+                    *phase = other;
+                    return Err(Status::failed_precondition(format!(
+                        "cannot start run {}: {msg}",
+                        shown_id(&req.run_id)
+                    )));
+                }
+            };
         let stop = Arc::new(AtomicBool::new(false));
         *phase = Phase::Running {
             run_id: req.run_id.clone(),
@@ -811,6 +839,7 @@ impl Agent for AgentService {
                     start_at,
                     keep_files,
                     interval,
+                    histogram_digits,
                 };
                 let (shared2, hub2, run_id) =
                     (shared.clone(), hub.clone(), run_opts.run_id.clone());
@@ -1250,6 +1279,7 @@ mod tests {
                 .collect(),
             interval_ms: 1000,
             keep_files: false,
+            histogram_digits: 0,
         }
     }
 
@@ -1523,11 +1553,13 @@ mod tests {
                 }],
                 interval_ms: 100,
                 keep_files: false,
+                histogram_digits: 2,
             }))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(reply.error, "");
+        assert_eq!(reply.histogram_digits, 2, "the digits it will send, echoed");
         let stream = svc
             .start(Request::new(StartRequest {
                 protocol_version: PROTOCOL_VERSION,

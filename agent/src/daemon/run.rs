@@ -35,6 +35,8 @@ pub(super) struct RunSetup {
     pub(super) keep_files: bool,
     /// Reporting interval.
     pub(super) interval: Duration,
+    /// Significant digits of the interval histograms sent (`histogram_digits`).
+    pub(super) histogram_digits: u8,
 }
 
 /// A started run: what its threads share.
@@ -225,6 +227,7 @@ impl ActiveRun {
             v.run.jobs().iter().map(|j| j.numjobs as usize).sum(),
             v.configured_depth,
             v.open_loop,
+            self.setup.histogram_digits,
             Box::new(move |t_ms| {
                 crate::fault::active_faults(&names, t_ms * 1_000_000)
                     .into_iter()
@@ -578,6 +581,7 @@ mod tests {
             start_at: SystemTime::now(),
             keep_files: false,
             interval: Duration::from_millis(100),
+            histogram_digits: 3,
         }
     }
 

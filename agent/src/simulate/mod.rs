@@ -106,6 +106,7 @@ pub fn make_pools(size: usize, seed: u64) -> Pools {
         write: Pool::generate(HEALTHY_WRITE, size, seed ^ 1),
         slow_read: Pool::generate(HEALTHY.slower(SLOW_FACTOR), size, seed ^ 2),
         slow_write: Pool::generate(HEALTHY_WRITE.slower(SLOW_FACTOR), size, seed ^ 3),
+        finals: tokio::sync::Semaphore::new(1),
     }
 }
 

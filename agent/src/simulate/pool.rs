@@ -44,8 +44,11 @@ pub struct PoolEntry {
     pub ios: u64,
     /// Mean latency (ns), for the interval's Little's-law outstanding IOs.
     pub mean_ns: f64,
-    /// The encoded histogram, as it goes on the wire.
+    /// The encoded histogram, as it goes on the wire (3 significant digits, as recorded).
     pub encoded: Vec<u8>,
+    /// The same coarsened to 2 digits, as an agent sends it under `histogram_digits = 2`
+    /// (`lockstep_proto::histogram::encode_at`, the agent's own function).
+    pub encoded_2: Vec<u8>,
     /// The recorded (value, count) pairs, to rebuild a whole-run total exactly.
     pub recorded: Vec<(u64, u64)>,
 }
@@ -106,10 +109,22 @@ fn entry(h: &Histogram<u64>) -> PoolEntry {
         ios: h.len(),
         mean_ns: h.mean(),
         encoded: lockstep_proto::histogram::encode(h).expect("a valid histogram encodes"),
+        encoded_2: lockstep_proto::histogram::encode_at(h, 2).expect("a valid histogram encodes"),
         recorded: h
             .iter_recorded()
             .map(|v| (v.value_iterated_to(), v.count_at_value()))
             .collect(),
+    }
+}
+
+impl PoolEntry {
+    /// The encoding at `digits` significant digits (2 or 3).
+    pub fn encoded_at(&self, digits: u8) -> &[u8] {
+        if digits == 2 {
+            &self.encoded_2
+        } else {
+            &self.encoded
+        }
     }
 }
 
@@ -145,6 +160,9 @@ mod tests {
             assert!((1_000..=3_000).contains(&x.ios), "{}", x.ios);
             let h = SparseHistogram::decode(&x.encoded).unwrap();
             assert_eq!(h.len(), x.ios);
+            let coarse = SparseHistogram::decode(x.encoded_at(2)).unwrap();
+            assert_eq!((coarse.len(), coarse.geometry.sigfig), (x.ios, 2));
+            assert!(coarse.buckets_in_use() < h.buckets_in_use());
             // Lognormal median 0.5 ms: the decoded median is close to it.
             let p50 = h.value_at_percentile(50.0) as f64;
             assert!((400_000.0..600_000.0).contains(&p50), "{p50}");

@@ -32,6 +32,8 @@ pub struct Pools {
     /// The slow volume's, from mid-run (`--slow`).
     pub slow_read: Pool,
     pub slow_write: Pool,
+    /// One permit: the final results are built one at a time (see `stream_run`).
+    pub finals: tokio::sync::Semaphore,
 }
 
 /// What happens to a simulated agent mid-run.
@@ -71,6 +73,8 @@ struct SimRun {
     interval: Duration,
     runtime: Duration,
     volumes: Vec<SimVolume>,
+    /// Significant digits of the interval histograms sent (`histogram_digits`).
+    digits: u8,
 }
 
 enum Phase {
@@ -231,8 +235,14 @@ impl Agent for SimAgent {
     ) -> Result<Response<PrepareReply>, Status> {
         let req = req.into_inner();
         check_version(req.protocol_version)?;
-        let reply = |error: String, warnings: Vec<String>| {
-            Ok(Response::new(PrepareReply { error, warnings }))
+        let reply = |result: Result<u8, String>, warnings: Vec<String>| {
+            Ok(Response::new(crate::daemon::prepare_reply(
+                result, warnings,
+            )))
+        };
+        let digits = match crate::daemon::asked_digits(&req) {
+            Ok(d) => d,
+            Err(e) => return reply(Err(e), Vec::new()),
         };
         let mut phase = self.inner.phase.lock().unwrap();
         match &*phase {
@@ -258,12 +268,12 @@ impl Agent for SimAgent {
                     volumes.push(v);
                     runtime = runtime.max(r);
                 }
-                Err(e) => return reply(e, Vec::new()),
+                Err(e) => return reply(Err(e), Vec::new()),
             }
         }
         let Some(runtime) = runtime else {
             return reply(
-                "a simulated agent runs time_based jobs with a runtime only (the coordinator sets both)".into(),
+                Err("a simulated agent runs time_based jobs with a runtime only (the coordinator sets both)".into()),
                 Vec::new(),
             );
         };
@@ -277,8 +287,9 @@ impl Agent for SimAgent {
             interval: Duration::from_millis(req.interval_ms.max(10)),
             runtime,
             volumes,
+            digits,
         });
-        reply(String::new(), warnings)
+        reply(Ok(digits), warnings)
     }
 
     /// A simulated agent lays nothing out: its layout is over as soon as it is prepared.
@@ -449,11 +460,18 @@ async fn stream_run(
             return end_run(&agent);
         }
     }
+    // Every agent of the process ends its run in the same instant. Building 1,000 final
+    // results on 1,000 blocking threads at once took the cores from the runtime's workers for
+    // long enough that the HTTP/2 keepalive gave up on every connection and the coordinator
+    // lost all 1,000 agents at the end of a 60 s run (docs/scale.md). One at a time, the
+    // workers keep a core; the coordinator waits for the finals anyway.
     let finals = {
         let (pools, volumes) = (inner.pools.clone(), run.volumes.clone());
-        tokio::task::spawn_blocking(move || final_volumes(&pools, &volumes, &tallies))
-            .await
-            .unwrap_or_default()
+        let permit = inner.pools.finals.acquire().await;
+        let built =
+            tokio::task::spawn_blocking(move || final_volumes(&pools, &volumes, &tallies)).await;
+        drop(permit);
+        built.unwrap_or_default()
     };
     let ev = send(run_event::Event::Final(FinalResult {
         volumes: finals,
@@ -527,7 +545,7 @@ fn interval_report(
                     bytes: entry.ios * 4096,
                     errors: 0,
                     clat_hist: Vec::new(),
-                    lat_hist: entry.encoded.clone(),
+                    lat_hist: entry.encoded_at(run.digits).to_vec(),
                     lat_intended_hist: Vec::new(),
                 }
             };

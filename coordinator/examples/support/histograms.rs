@@ -3,15 +3,16 @@
 //! p99 about 2 ms, a cloud SSD volume's spread), by default 1,500-2,500 IOs per direction.
 
 use hdrhistogram::Histogram;
-use lockstep_proto::histogram::encode;
+use lockstep_proto::histogram::encode_at;
 use lockstep_proto::v1::{DirInterval, VolumeInterval};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
 /// `n` distinct volume intervals with read and write histograms of `ios` IOs each (+-25%), to
 /// reuse round robin (the cost of handling a histogram does not depend on whether it was seen
-/// before).
-pub fn volume_intervals(n: usize, seed: u64, ios: u64) -> Vec<VolumeInterval> {
+/// before). `digits`: the significant digits sent (2: coarsened as agents do under
+/// `histogram_digits = 2`).
+pub fn volume_intervals(n: usize, seed: u64, ios: u64, digits: u8) -> Vec<VolumeInterval> {
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let lat = LogNormal::new((500_000f64).ln(), 0.6).unwrap();
     (0..n)
@@ -27,7 +28,7 @@ pub fn volume_intervals(n: usize, seed: u64, ios: u64) -> Vec<VolumeInterval> {
                     bytes: n * 8192,
                     errors: 0,
                     clat_hist: Vec::new(),
-                    lat_hist: encode(&h).unwrap(),
+                    lat_hist: encode_at(&h, digits).unwrap(),
                     lat_intended_hist: Vec::new(),
                 }
             };

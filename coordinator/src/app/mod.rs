@@ -257,6 +257,7 @@ fn run_spec(run_id: &str, a: &Assignment, keep_files: bool, token: Option<String
         run_id: run_id.to_string(),
         plan_name: a.plan.clone(),
         interval: a.interval,
+        histogram_digits: a.histogram_digits,
         phases: a
             .phases
             .iter()

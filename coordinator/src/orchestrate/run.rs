@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockstep_proto::PROTOCOL_VERSION;
+use lockstep_proto::histogram::check_echoed_digits;
 use lockstep_proto::v1::{
     AbortRequest, AttachRequest, PrepareRequest, RunEvent, StartRequest,
     VolumeWork as WireVolumeWork, run_event,
@@ -71,6 +72,9 @@ pub struct RunSpec {
     pub run_id: String,
     pub plan_name: String,
     pub interval: Duration,
+    /// Significant digits of the interval histograms agents send (2 or 3): every agent must
+    /// echo it in its Prepare reply, so histograms of two precisions never meet in the merge.
+    pub histogram_digits: u8,
     pub phases: Vec<PhaseSpec>,
     pub agents: Vec<AgentWork>,
     pub keep_files: bool,
@@ -206,11 +210,15 @@ pub async fn execute(
     let mut results = into_output(&spec, &conns, streams, run_start_ns)?;
     if let (Some(store), Some(dir)) = (store, data_dir) {
         results.data = Some(finish_store(store, dir, keep.fold, &results));
+        if let Some(d) = &mut results.data {
+            d.histogram_digits = spec.histogram_digits;
+        }
         read_back_timeline(dir, &keep, &mut results);
     }
     if let Some(error) = store_error {
         results.data = Some(DataFiles {
             error: Some(error),
+            histogram_digits: spec.histogram_digits,
             ..Default::default()
         });
     }
@@ -270,6 +278,7 @@ fn finish_store(store: StoreWriter, dir: &Path, fold: u64, r: &RunResults) -> Da
     DataFiles {
         dir: crate::results::store::DATA_DIR.into(),
         timeline_fold: fold,
+        histogram_digits: lockstep_proto::histogram::RECORDED_DIGITS,
         blocks: stats.blocks,
         histogram_bytes: stats.raw_bytes,
         stored_bytes: stats.stored_bytes,
@@ -836,12 +845,26 @@ async fn prepare_all(
                 .collect(),
             interval_ms,
             keep_files: spec.keep_files,
+            histogram_digits: u32::from(spec.histogram_digits),
         };
         async move { (i, client.prepare(req).await) }
     });
     for (i, r) in futures_join(calls).await {
         match r {
-            Ok(reply) if reply.get_ref().error.is_empty() => prepared.push(i),
+            Ok(reply) if reply.get_ref().error.is_empty() => {
+                let echoed = reply.get_ref().histogram_digits;
+                match check_echoed_digits(spec.histogram_digits, echoed) {
+                    Ok(()) => prepared.push(i),
+                    Err(message) => {
+                        // Prepared, but not part of the run: it is aborted with the others.
+                        prepared.push(i);
+                        refusal.get_or_insert(RunError::Prepare {
+                            agent: agents[i].name.clone(),
+                            message,
+                        });
+                    }
+                }
+            }
             Ok(reply) => {
                 refusal.get_or_insert(RunError::Prepare {
                     agent: agents[i].name.clone(),

@@ -107,6 +107,11 @@ pub struct Plan {
     pub origin: PathBuf,
     /// Reporting interval: the unit of every time series.
     pub interval: Duration,
+    /// Significant digits of the interval histograms agents send, merge and the data files
+    /// keep: 3 (default, as recorded) or 2 (coarsened exactly on the agent; about a third of
+    /// the merge's CPU and of the data files' bytes, docs/scale.md). Final results (fio.json)
+    /// stay at 3.
+    pub histogram_digits: u8,
     /// In run order, each with its start offset. A top-level `ramp` is the first phase
     /// (named "ramp", not measured).
     pub phases: Vec<Phase>,
@@ -723,6 +728,24 @@ fn build(src: &Source, raw: raw::RawPlan) -> Result<Plan, PlanError> {
         None => DEFAULT_INTERVAL,
     };
 
+    let histogram_digits = match &raw.histogram_digits {
+        Some(d) => u8::try_from(*d.get_ref())
+            .ok()
+            .filter(|d| lockstep_proto::histogram::INTERVAL_DIGITS.contains(d))
+            .ok_or_else(|| {
+                src.at(
+                    d,
+                    "histogram_digits",
+                    format!(
+                        "{} is not supported: 3 (the default, as recorded) or 2 (1% buckets, \
+                         a third of the merge's CPU and of the data files)",
+                        d.get_ref()
+                    ),
+                )
+            })?,
+        None => lockstep_proto::histogram::RECORDED_DIGITS,
+    };
+
     let phases = build_phases(src, &raw)?;
     let run_end = phases.last().map_or(Duration::ZERO, Phase::end);
     let agents = build_agents(src, &raw.agent)?;
@@ -744,6 +767,7 @@ fn build(src: &Source, raw: raw::RawPlan) -> Result<Plan, PlanError> {
         name,
         origin: src.file.to_path_buf(),
         interval,
+        histogram_digits,
         phases,
         agents,
         roles,

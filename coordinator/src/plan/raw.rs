@@ -19,6 +19,8 @@ pub(super) struct RawPlan {
     pub name: Option<Spanned<String>>,
     pub duration: Option<Spanned<Dur>>,
     pub interval: Option<Spanned<Dur>>,
+    /// Signed, so a negative value gets lockstep's message rather than serde's.
+    pub histogram_digits: Option<Spanned<i64>>,
     pub ramp: Option<Spanned<Dur>>,
     #[serde(default)]
     pub agent: Vec<Spanned<RawAgent>>,

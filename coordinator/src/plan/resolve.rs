@@ -45,6 +45,8 @@ pub struct Assignment {
     /// The plan's name.
     pub plan: String,
     pub interval: Duration,
+    /// The plan's `histogram_digits`.
+    pub histogram_digits: u8,
     pub phases: Vec<Phase>,
     pub objectives: Vec<Objective>,
     /// Agents with at least one volume of work, in the order they were given. Agents the plan
@@ -252,6 +254,7 @@ pub fn resolve(plan: &Plan, agents: &[AgentInfo]) -> Result<Assignment, PlanErro
     Ok(Assignment {
         plan: plan.name.clone(),
         interval: plan.interval,
+        histogram_digits: plan.histogram_digits,
         phases: plan.phases.clone(),
         objectives: plan.objectives.clone(),
         agents: out_agents,

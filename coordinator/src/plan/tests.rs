@@ -1616,3 +1616,26 @@ fn a_mirror_is_refused_with_its_line_when_it_cannot_be_a_pair() {
         "role 'primary' runs on 2 agent(s) and its backup role 'backup' on 1",
     );
 }
+
+#[test]
+fn histogram_digits_are_2_or_3_and_default_to_3() {
+    let role = "[[role]]\nname = \"w\"\nworkload = { profile = \"oltp-8k\" }\n";
+    assert_eq!(
+        parse_ok(&format!("duration = \"1s\"\n{role}")).histogram_digits,
+        3
+    );
+    for d in [2, 3] {
+        let plan = parse_ok(&format!(
+            "duration = \"1s\"\nhistogram_digits = {d}\n{role}"
+        ));
+        assert_eq!(plan.histogram_digits, d);
+    }
+    for bad in ["1", "4", "7", "-2", "300"] {
+        parse_err(
+            &format!("duration = \"1s\"\nhistogram_digits = {bad}\n{role}"),
+            2,
+            "histogram_digits",
+            &format!("{bad} is not supported: 3 (the default, as recorded) or 2"),
+        );
+    }
+}

@@ -271,13 +271,19 @@ pub struct RunResults {
 
 /// Where a run's interval data is and how much there is: results.json keeps the summaries and
 /// points here, so it stays small whatever the run's length.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataFiles {
     /// The directory, relative to the results directory (`data`).
     pub dir: String,
     /// Intervals per point of `timeline.json` and of the final chokepoint analysis (1 unless
     /// the run was long and wide: results/keeper.rs).
     pub timeline_fold: u64,
+    /// Significant digits of the interval histograms the agents sent, the merge used and the
+    /// data files keep (the plan's `histogram_digits`): 3 as recorded, or 2 (1% buckets). The
+    /// volume, node and cluster percentiles come from them; fio.json's from the agents' final
+    /// results, always 3. Runs from before the option: 3.
+    #[serde(default = "recorded_digits")]
+    pub histogram_digits: u8,
     /// Agent reports stored (one block each).
     pub blocks: u64,
     /// Histogram bytes as received, and as stored after compression.
@@ -286,6 +292,24 @@ pub struct DataFiles {
     /// Why some data could not be written (the results and report are still complete).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+fn recorded_digits() -> u8 {
+    lockstep_proto::histogram::RECORDED_DIGITS
+}
+
+impl Default for DataFiles {
+    fn default() -> Self {
+        DataFiles {
+            dir: String::new(),
+            timeline_fold: 0,
+            histogram_digits: recorded_digits(),
+            blocks: 0,
+            histogram_bytes: 0,
+            stored_bytes: 0,
+            error: None,
+        }
+    }
 }
 
 /// The figures of a run made of several complete runs.

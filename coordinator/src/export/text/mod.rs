@@ -104,6 +104,18 @@ fn header(o: &mut String, r: &RunResults) {
             s as f64 / 1e6
         ))
     );
+    if let Some(d) = &r.data {
+        let _ = writeln!(
+            o,
+            "latency histograms: {} significant digits{}",
+            d.histogram_digits,
+            if d.histogram_digits == 2 {
+                " (histogram_digits = 2: intervals, merge and data files in 1% buckets; fio.json at 3)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 fn agents(o: &mut String, r: &RunResults) {
