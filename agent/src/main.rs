@@ -86,13 +86,15 @@ enum Command {
         /// Key prefix in etcd (agents register under PREFIX/agents/NAME).
         #[arg(long, default_value = lockstep_agent::registry::DEFAULT_PREFIX)]
         etcd_prefix: String,
-        /// Mutual TLS: this agent's certificate (PEM; `lockstep certs` makes a test set).
+        /// Mutual TLS: this agent's certificate (PEM; `lockstep certs` makes a test set), with
+        /// serverAuth, and clientAuth too to dial a mirror backup.
         #[arg(long, env = "LOCKSTEP_TLS_CERT", value_name = "PEM")]
         tls_cert: Option<PathBuf>,
         /// Mutual TLS: this agent's private key (PEM).
         #[arg(long, env = "LOCKSTEP_TLS_KEY", value_name = "PEM")]
         tls_key: Option<PathBuf>,
-        /// Mutual TLS: the CA whose client certificates coordinators must present (PEM).
+        /// Mutual TLS: the CA whose certificates coordinators, mirror primaries and mirror
+        /// backups must present (PEM).
         #[arg(long, env = "LOCKSTEP_TLS_CA", value_name = "PEM")]
         tls_ca: Option<PathBuf>,
         /// Stop (as on SIGTERM) when standard input closes: how `lockstep run --local` ties its

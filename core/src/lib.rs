@@ -15,7 +15,8 @@
 //! - `report/`: the results structure of a job run and its exporters (fio JSON, fio's normal text);
 //! - `verify`: the verification report (lost, stale, corrupt blocks);
 //! - `atomic_file`: output files replaced atomically;
-//! - `tls`: mutual TLS setup; `metrics`: the `/metrics` endpoint; `host`: this machine's name;
+//! - `tls`: mutual TLS setup and which calls a peer certificate may make; `metrics`: the
+//!   `/metrics` endpoint; `host`: this machine's name;
 //! - `registry`: agents' membership in etcd (key layout, leases).
 
 pub mod atomic_file;

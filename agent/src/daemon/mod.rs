@@ -5,6 +5,7 @@
 //! - `metrics`: Prometheus metrics (`/metrics`);
 //! - `notify`: readiness and watchdog pings for systemd (`Type=notify`, `WatchdogSec=`);
 //! - `tls`: mutual TLS with the operator's CA (`--tls-cert/--tls-key/--tls-ca`);
+//! - `peer`: over TLS, which calls the caller's certificate may make (coordinator or mirror);
 //! - `run`: the life of a started run (its volumes, agent-wide faults, watchdog, final result);
 //! - this module: the gRPC service and the phases of a run (prepare → start at an instant →
 //!   stream intervals → final result), with the safety rule that an agent whose coordinator is
@@ -15,6 +16,7 @@ pub mod aggregate;
 mod batch;
 pub mod metrics;
 pub mod notify;
+mod peer;
 mod run;
 pub use lockstep_core::tls;
 pub mod volume;
@@ -244,6 +246,9 @@ struct Shared {
     /// Set once the agent is shutting down (SIGTERM, SIGINT, its parent gone): no new layout
     /// or run may begin.
     shutting_down: AtomicBool,
+    /// Serving over mutual TLS with these files: callers' certificates are checked (`peer`),
+    /// and mirror links dial their backups with them.
+    tls: Option<tls::TlsIdentity>,
 }
 
 impl Shared {
@@ -340,6 +345,11 @@ fn check_version(v: u32) -> Result<(), Status> {
 
 impl AgentService {
     pub fn new(cfg: DaemonConfig) -> Self {
+        Self::with_tls(cfg, None)
+    }
+
+    /// The service of an agent that serves over mutual TLS with `tls` (None: plaintext).
+    pub fn with_tls(cfg: DaemonConfig, tls: Option<tls::TlsIdentity>) -> Self {
         let metrics = Arc::new(Metrics::new(&cfg.volumes));
         AgentService {
             shared: Arc::new(Shared {
@@ -351,6 +361,7 @@ impl AgentService {
                 preparing: Mutex::new(None),
                 layout: Mutex::new(None),
                 shutting_down: AtomicBool::new(false),
+                tls,
             }),
         }
     }
@@ -374,6 +385,11 @@ impl AgentService {
             }
             check_token(&token, req)
         })
+    }
+
+    /// Over TLS, refuses a caller whose certificate is not a coordinator's (`peer`).
+    fn coordinator_only<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        peer::from_coordinator(&self.shared.cfg.name, self.shared.tls.is_some(), req)
     }
 
     fn busy_with(&self) -> String {
@@ -611,6 +627,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
+        self.coordinator_only(&req)?;
         check_version(req.get_ref().protocol_version)?;
         let cfg = &self.shared.cfg;
         // What the agent says of itself is what it registers in etcd, from one place.
@@ -632,6 +649,7 @@ impl Agent for AgentService {
         &self,
         req: Request<ClockProbeRequest>,
     ) -> Result<Response<ClockProbeReply>, Status> {
+        self.coordinator_only(&req)?;
         check_version(req.get_ref().protocol_version)?;
         Ok(Response::new(ClockProbeReply {
             agent_unix_ns: unix_ns(SystemTime::now()),
@@ -642,6 +660,7 @@ impl Agent for AgentService {
         &self,
         req: Request<PrepareRequest>,
     ) -> Result<Response<PrepareReply>, Status> {
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         {
@@ -714,6 +733,7 @@ impl Agent for AgentService {
         &self,
         req: Request<LayoutStatusRequest>,
     ) -> Result<Response<LayoutStatusReply>, Status> {
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         match &*self.shared.layout.lock().unwrap() {
@@ -735,6 +755,7 @@ impl Agent for AgentService {
     type StartStream = EventStream;
 
     async fn start(&self, req: Request<StartRequest>) -> Result<Response<EventStream>, Status> {
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let mut phase = self.shared.phase.lock().unwrap();
@@ -812,6 +833,7 @@ impl Agent for AgentService {
     }
 
     async fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         if let Some((run_id, stop)) = &*self.shared.preparing.lock().unwrap()
@@ -848,6 +870,7 @@ impl Agent for AgentService {
     type AttachStream = EventStream;
 
     async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<EventStream>, Status> {
+        self.coordinator_only(&req)?;
         let req = req.into_inner();
         check_version(req.protocol_version)?;
         let phase = self.shared.phase.lock().unwrap();
@@ -871,11 +894,14 @@ impl Agent for AgentService {
     type MirrorStream = MirrorAckStream;
 
     /// A primary's mirrored writes (`crate::mirror::backup`), behind the same token check as
-    /// every call; a `cut_off` fault refuses it and breaks a stream in progress.
+    /// every call; a `cut_off` fault refuses it and breaks a stream in progress. Over TLS, only
+    /// the certificate of the agent each write names as its primary is accepted (`peer`).
     async fn mirror(
         &self,
         req: Request<tonic::Streaming<MirrorWrite>>,
     ) -> Result<Response<MirrorAckStream>, Status> {
+        let me = self.shared.cfg.name.clone();
+        let caller = peer::mirror_caller(&me, self.shared.tls.is_some(), &req)?;
         let volumes = self.shared.cfg.volumes.iter();
         let volumes = Arc::new(
             volumes
@@ -891,7 +917,12 @@ impl Agent for AgentService {
             volumes,
             req.into_inner(),
             tx,
-            move || cut_off.refusal(),
+            move |w: &MirrorWrite| match cut_off.refusal() {
+                Some(why) => Some(Status::unavailable(why)),
+                None => caller
+                    .as_ref()
+                    .and_then(|p| peer::check_primary(&me, p, &w.primary)),
+            },
         ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -910,15 +941,17 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// Serves the agent until `shutdown` resolves. Keepalive pings find a coordinator that died or
 /// was paused even when no interval is due, so the grace period starts promptly. With `tls`,
-/// every connection must complete a mutual-TLS handshake first.
+/// every connection must complete a mutual-TLS handshake first, calls are checked against the
+/// caller's certificate (`peer`), and mirror links dial their backups over TLS too.
 pub async fn serve(
     cfg: DaemonConfig,
     listener: tokio::net::TcpListener,
     metrics_listener: Option<tokio::net::TcpListener>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<tls::TlsIdentity>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let service = AgentService::new(cfg);
+    let server_tls = tls.as_ref().map(tls::TlsIdentity::server_config);
+    let service = AgentService::with_tls(cfg, tls);
     let shared = service.shared.clone();
     // On shutdown, first stop the layout or run and let it remove its files, then stop serving.
     let shutdown = async move {
@@ -946,7 +979,7 @@ pub async fn serve(
         |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
     );
     let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
+    if let Some(tls) = server_tls {
         builder = builder.tls_config(tls)?;
     }
     builder
@@ -1090,11 +1123,7 @@ pub fn serve_blocking(cfg: DaemonConfig, opts: ServeOptions) -> anyhow::Result<(
             v.name
         );
     }
-    let tls = opts
-        .tls
-        .as_ref()
-        .map(tls::TlsFiles::server_config)
-        .transpose()?;
+    let tls = opts.tls.as_ref().map(tls::TlsFiles::load).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -283,6 +283,7 @@ impl ActiveRun {
             primary: format!("{}/{volume}", self.shared.cfg.name),
             backup_agent: m.backup_agent.clone(),
             backup_address: m.backup_address.clone(),
+            tls: self.shared.tls.clone(),
             backup_volume: m.backup_volume.clone(),
             sync: m.sync,
             delay: Duration::from_micros(m.delay_us),

@@ -170,13 +170,15 @@ impl MirrorFile {
     }
 }
 
-/// Serves one `Mirror` stream: writes, in order, each acknowledged. `refused` is asked before
-/// each message, so a `cut_off` fault breaks a mirror stream too.
+/// Serves one `Mirror` stream: writes, in order, each acknowledged. `refused` is asked about
+/// each message before it is written, so a `cut_off` fault breaks a mirror stream too, and
+/// over TLS a write whose primary is not the caller's certificate is refused (the daemon's
+/// `peer` rules).
 pub async fn serve_stream(
     volumes: Arc<Vec<MirrorVolume>>,
     incoming: tonic::Streaming<MirrorWrite>,
     acks: mpsc::Sender<Result<MirrorAck, Status>>,
-    refused: impl Fn() -> Option<String>,
+    refused: impl Fn(&MirrorWrite) -> Option<Status>,
 ) {
     let mut files: HashMap<String, Arc<MirrorFile>> = HashMap::new();
     serve_messages(&volumes, incoming, &acks, refused, &mut files).await;
@@ -189,7 +191,7 @@ async fn serve_messages(
     volumes: &[MirrorVolume],
     mut incoming: tonic::Streaming<MirrorWrite>,
     acks: &mpsc::Sender<Result<MirrorAck, Status>>,
-    refused: impl Fn() -> Option<String>,
+    refused: impl Fn(&MirrorWrite) -> Option<Status>,
     files: &mut HashMap<String, Arc<MirrorFile>>,
 ) {
     loop {
@@ -197,8 +199,8 @@ async fn serve_messages(
             Ok(Some(w)) => w,
             Ok(None) | Err(_) => return,
         };
-        if let Some(why) = refused() {
-            let _ = acks.send(Err(Status::unavailable(why))).await;
+        if let Some(status) = refused(&w) {
+            let _ = acks.send(Err(status)).await;
             return;
         }
         if w.protocol_version != lockstep_proto::PROTOCOL_VERSION {

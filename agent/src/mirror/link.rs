@@ -67,6 +67,10 @@ pub struct LinkConfig {
     pub primary: String,
     pub backup_agent: String,
     pub backup_address: String,
+    /// This agent's mutual-TLS files when it serves with them: the backup is then dialed over
+    /// TLS only (never plaintext), with this agent's certificate, and must hold a certificate
+    /// issued for `backup_agent`.
+    pub tls: Option<lockstep_core::tls::TlsIdentity>,
     pub backup_volume: String,
     pub sync: bool,
     pub delay: Duration,
@@ -737,15 +741,21 @@ fn connection(link: Arc<Link>) {
 async fn stream_once(link: &Link) -> Result<(), String> {
     let cfg = &link.cfg;
     let who = format!("backup {} ({})", cfg.backup_agent, cfg.backup_address);
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", cfg.backup_address))
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", cfg.backup_address))
             .map_err(|e| format!("{who}: {e}"))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true);
+    if let Some(tls) = &cfg.tls {
+        endpoint = endpoint
+            .tls_config(tls.client_config(&cfg.backup_agent))
+            .map_err(|e| format!("{who}: {e}"))?;
+    }
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| format!("{who}: cannot connect: {e}"))?;
+        .map_err(|e| connect_failed(cfg, &who, &e))?;
     let mut client = AgentClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
     tx.try_send(link.message(0, 0, 0))
@@ -760,7 +770,7 @@ async fn stream_once(link: &Link) -> Result<(), String> {
     let mut acks = client
         .mirror(req)
         .await
-        .map_err(|s| format!("{who}: {}", s.message()))?
+        .map_err(|s| call_failed(cfg, &who, &s))?
         .into_inner();
     link.state.lock().unwrap().tx = Some(tx);
     loop {
@@ -773,5 +783,38 @@ async fn stream_once(link: &Link) -> Result<(), String> {
             Ok(Ok(None)) => return Err(format!("{who}: the stream ended")),
             Ok(Err(s)) => return Err(format!("{who}: {}", s.message())),
         }
+    }
+}
+
+/// Why the backup could not be reached, with the whole error chain (tonic's first message says
+/// only "transport error").
+fn connect_failed(cfg: &LinkConfig, who: &str, e: &tonic::transport::Error) -> String {
+    let text = lockstep_core::tls::error_chain(e.to_string(), std::error::Error::source(e));
+    with_tls_hint(cfg, format!("{who}: cannot connect: {text}"))
+}
+
+/// The `Mirror` call failed: the backup's refusal (its message says why), or, over TLS 1.3, the
+/// backup refusing this agent's certificate, which the client sees only now.
+fn call_failed(cfg: &LinkConfig, who: &str, s: &tonic::Status) -> String {
+    let text = match s.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable => {
+            lockstep_core::tls::error_chain(s.message().to_string(), std::error::Error::source(s))
+        }
+        _ => return format!("{who}: {}", s.message()),
+    };
+    with_tls_hint(cfg, format!("{who}: {text}"))
+}
+
+/// Over TLS, what a failed handshake needs: the certificates each side must hold.
+fn with_tls_hint(cfg: &LinkConfig, text: String) -> String {
+    if cfg.tls.is_some() && lockstep_core::tls::looks_like_handshake(&text) {
+        format!(
+            "{text} (mutual TLS failed: the backup's certificate must be issued for the name \
+             '{}' by the CA of this agent's --tls-ca, and this agent's certificate, with the \
+             clientAuth usage, by the CA the backup trusts)",
+            cfg.backup_agent
+        )
+    } else {
+        text
     }
 }

@@ -15,11 +15,11 @@
 //! of its volumes' measured interval histograms) and the IOPS Little's law expects; then a
 //! verdict per role and per volume (`verdict`): the knee, or still scaling.
 //!
-//! Any sweep also gets an answer in words (`knee`): throughput per unit of what the sweep adds
-//! (per volume for `sweep = { over = "volumes" }`, per job, per IO in flight, or the share of
-//! the target rate achieved) holds while the node or role still scales, and falls once a shared
-//! limit binds. For a volumes sweep that is the datanode question, "at how many volumes does
-//! the node stop scaling?" (docs/domain.md#datanode-volume-count), answered per node.
+//! Any sweep also gets an answer in words (`knee`): for the role, or per node for
+//! `sweep = { over = "volumes" }`, where the datanode question is "at how many volumes does the
+//! node stop scaling?" (docs/domain.md#datanode-volume-count). The verdict and the answer find
+//! their knee with one rule (`knee_index`): for numjobs, iodepth and rate sweeps the marginal
+//! gain of an added unit against linear scaling, for volumes sweeps the throughput per volume.
 
 /// The report types live in the results model; this module produces them.
 pub use crate::results::sweep::{
@@ -32,9 +32,9 @@ use crate::plan::{DepthSweep, Plan, SweepOver};
 use crate::results::RunResults;
 use crate::results::hlog::LogEntry;
 
-/// A doubling of the depth that buys less IOPS than this (per doubling, from the knee on) is
-/// past the knee.
-pub const KNEE_IOPS_GAIN: f64 = 0.10;
+/// A step past the knee adds units (jobs, IOs in flight, target rate) that buy less than this
+/// share of what linear scaling would add to the total (numjobs, iodepth and rate sweeps).
+pub const KNEE_MARGINAL_GAIN: f64 = 0.10;
 
 /// ... provided mean latency rose by more than this from the knee to the deepest step: IOPS
 /// that stay flat at flat latency mean the extra IOs were not in flight at all.
@@ -48,30 +48,28 @@ pub struct Point {
     pub mean_ns: f64,
 }
 
-/// Throughput per unit falling more than this below its best at an earlier step is the knee:
-/// a shared limit binds. Above the run-to-run noise of a throttled emulation (a few %), below
-/// the fall one more volume causes past a ceiling (1/N: 14% from 7 to 8 volumes).
+/// Throughput per volume falling more than this below its best at an earlier step is the knee
+/// of a volumes sweep: a shared limit binds. Above the run-to-run noise of a throttled
+/// emulation (a few %), below the fall one more volume causes past a ceiling (1/N: 14% from 7
+/// to 8 volumes).
 pub const KNEE_PER_UNIT_DROP: f64 = 0.10;
 
-/// One step of a node or role as the knee detector sees it.
+/// One step of a node or role as the knee rule sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KneePoint {
     /// The step's value of what the sweep varies.
     pub value: u32,
-    /// Throughput in MB/s (IOPS for a rate sweep).
+    /// Throughput: MB/s for a volumes sweep's node, else the role's IOPS.
     pub total: f64,
-    /// `total` per unit of `value` (per volume, per job, ...; for a rate sweep, the share of
-    /// the target achieved).
+    /// `total` per unit of `value` (per volume); only the volumes rule reads it.
     pub per_unit: f64,
 }
 
-/// How the answer reads for one kind of sweep.
-fn knee_words(over: SweepOver) -> (&'static str, &'static str) {
+/// The unit of a knee's `total`.
+fn knee_unit(over: SweepOver) -> &'static str {
     match over {
-        SweepOver::Volumes => ("per-volume throughput", "MB/s"),
-        SweepOver::Numjobs => ("per-job throughput", "MB/s"),
-        SweepOver::Iodepth => ("throughput per IO in flight", "MB/s"),
-        SweepOver::RateIops => ("the share of the target rate achieved", "IOPS"),
+        SweepOver::Volumes => "MB/s",
+        _ => "IOPS",
     }
 }
 
@@ -102,16 +100,93 @@ fn amount(x: f64) -> String {
     }
 }
 
-/// The answer for `target` (`node agent-1`, `role db`) from its steps in increasing value: the
-/// knee is the last step before the first one whose throughput per unit falls more than
-/// `KNEE_PER_UNIT_DROP` below the best of the steps before it; without one it is still scaling.
-/// Steps without throughput (a lost agent) are left out.
-pub fn knee(target: &str, subject: &str, over: SweepOver, points: &[KneePoint]) -> Knee {
-    let (per, unit) = knee_words(over);
-    let pts: Vec<&KneePoint> = points
+/// The share of what linear scaling would add to the total that going from `a` to `b`
+/// bought: 1 when the total grew in proportion to the value (each added unit did as well as
+/// the ones before it did on average), 0 when it stayed flat, negative when it fell.
+pub fn linear_share(a: &KneePoint, b: &KneePoint) -> f64 {
+    let linear = a.total * (f64::from(b.value) - f64::from(a.value)) / f64::from(a.value);
+    if linear > 0.0 {
+        (b.total - a.total) / linear
+    } else {
+        0.0
+    }
+}
+
+/// The knee of a series of steps with IO (in increasing value): its index, or None while it
+/// still scales. The one rule behind both the verdict and the answer, so that the two lines
+/// cannot name different steps.
+///
+/// Numjobs, iodepth and rate sweeps: the knee is the last step whose added units still bought
+/// at least `KNEE_MARGINAL_GAIN` of what linear scaling would add; from it on, no later step
+/// does (measured from the knee, so one noisy step neither makes nor hides it). Why marginal:
+/// in a closed loop IOPS = outstanding / latency (Little's law, docs/domain.md#latency-vs-threads).
+/// Below the knee an added job or IO in flight is served in parallel at about the same latency
+/// and adds its full share; once the device is busy, added outstanding IO only lengthens the
+/// queue, latency grows in proportion and the gain per added unit collapses to zero. Throughput
+/// per unit says nothing about that: it falls as soon as latency rises at all, while the added
+/// unit may still buy most of its share (a second worker that adds 64% more IO is not past the
+/// knee). An open-loop rate sweep reads the same way: achieved IOPS follow the target until the
+/// device's limit, then stay flat.
+///
+/// Volumes sweeps: the knee is the last step before throughput per volume falls more than
+/// `KNEE_PER_UNIT_DROP` below its best earlier step. Each volume there brings its own limit,
+/// so per-volume throughput holds while the node scales and falls by 1/N once a limit the
+/// volumes share (the instance's) binds.
+pub fn knee_index(over: SweepOver, pts: &[KneePoint]) -> Option<usize> {
+    if over == SweepOver::Volumes {
+        let mut best = 0;
+        for i in 1..pts.len() {
+            if pts[i].per_unit < pts[best].per_unit * (1.0 - KNEE_PER_UNIT_DROP) {
+                return Some(i - 1);
+            }
+            if pts[i].per_unit > pts[best].per_unit {
+                best = i;
+            }
+        }
+        return None;
+    }
+    (0..pts.len().saturating_sub(1)).find(|&k| {
+        pts[k + 1..]
+            .iter()
+            .all(|b| linear_share(&pts[k], b) < KNEE_MARGINAL_GAIN)
+    })
+}
+
+/// The steps the rules compare: those with IO (a lost agent's step has none).
+fn with_io(points: &[KneePoint]) -> Vec<KneePoint> {
+    points
         .iter()
         .filter(|p| p.value > 0 && p.total > 0.0 && p.per_unit > 0.0)
-        .collect();
+        .copied()
+        .collect()
+}
+
+/// A target's steps as the knee rule sees them: IOPS, per unit of the value; steps without
+/// IOs or without latency are left out, as `verdict` leaves them out.
+pub fn knee_points(points: &[Point]) -> Vec<KneePoint> {
+    points
+        .iter()
+        .filter(|p| p.depth > 0 && p.iops > 0.0 && p.mean_ns > 0.0)
+        .map(|p| KneePoint {
+            value: p.depth,
+            total: p.iops,
+            per_unit: p.iops / f64::from(p.depth),
+        })
+        .collect()
+}
+
+/// `98%`, never `-0%`.
+fn share_text(share: f64) -> String {
+    let p = (share * 100.0).round();
+    format!("{}%", if p == 0.0 { 0.0 } else { p })
+}
+
+/// The answer for `target` (`node agent-1`, `role db`) from its steps in increasing value, by
+/// `knee_index`'s rule; without a knee it is still scaling. Steps without throughput (a lost
+/// agent) are left out.
+pub fn knee(target: &str, subject: &str, over: SweepOver, points: &[KneePoint]) -> Knee {
+    let unit = knee_unit(over);
+    let pts = with_io(points);
     let make = |kind, at, total, text| Knee {
         target: target.to_string(),
         kind,
@@ -139,50 +214,113 @@ pub fn knee(target: &str, subject: &str, over: SweepOver, points: &[KneePoint]) 
             ),
         );
     }
-    let mut best = pts[0];
-    for w in pts.windows(2) {
-        let (prev, p) = (w[0], w[1]);
-        if p.per_unit < best.per_unit * (1.0 - KNEE_PER_UNIT_DROP) {
-            let fall = 1.0 - p.per_unit / prev.per_unit;
-            let below = 1.0 - p.per_unit / best.per_unit;
-            // Worth saying only when the fall from the best is not the fall from the step before.
-            let below_best = if (below - fall) * 100.0 >= 2.0 {
+    match (knee_index(over, &pts), over) {
+        (Some(k), SweepOver::Volumes) => make(
+            KneeKind::Knee,
+            pts[k].value,
+            pts[k].total,
+            per_volume_knee_text(subject, &pts, k),
+        ),
+        (Some(k), _) => make(
+            KneeKind::Knee,
+            pts[k].value,
+            pts[k].total,
+            marginal_knee_text(subject, over, &pts, k),
+        ),
+        (None, SweepOver::Volumes) => make(
+            KneeKind::Scaling,
+            last.value,
+            last.total,
+            format!(
+                "still scaling: per-volume throughput stays within {:.0}% of its best {}; \
+                 {subject} reaches {} {unit} at {}",
+                KNEE_PER_UNIT_DROP * 100.0,
+                range_text(over, first.value, last.value),
+                amount(last.total),
+                value_text(over, last.value)
+            ),
+        ),
+        (None, _) => {
+            let prev = &pts[pts.len() - 2];
+            make(
+                KneeKind::Scaling,
+                last.value,
+                last.total,
                 format!(
-                    " ({:.0}% below its best, at {})",
-                    below * 100.0,
-                    value_text(over, best.value)
-                )
-            } else {
-                String::new()
-            };
-            return make(
-                KneeKind::Knee,
-                prev.value,
-                prev.total,
-                format!(
-                    "{per} falls {:.0}% {}{below_best}: {subject} stops scaling at {}, where it reaches {} {unit}",
-                    fall * 100.0,
-                    range_text(over, prev.value, p.value),
-                    value_text(over, prev.value),
-                    amount(prev.total)
+                    "still scaling: {}, {} {} ({} of linear scaling); {subject} reaches {} \
+                     {unit} at {}",
+                    range_text(over, prev.value, last.value),
+                    iops_word(over),
+                    pct(last.total / prev.total),
+                    share_text(linear_share(prev, last)),
+                    amount(last.total),
+                    value_text(over, last.value)
                 ),
-            );
-        }
-        if p.per_unit > best.per_unit {
-            best = p;
+            )
         }
     }
-    make(
-        KneeKind::Scaling,
-        last.value,
-        last.total,
+}
+
+/// `IOPS`, or `achieved IOPS` where the value is a target rate.
+fn iops_word(over: SweepOver) -> &'static str {
+    match over {
+        SweepOver::RateIops => "achieved IOPS",
+        _ => "IOPS",
+    }
+}
+
+/// A volumes sweep's knee at `k` (< the last step) in words: how far per-volume throughput fell.
+fn per_volume_knee_text(subject: &str, pts: &[KneePoint], k: usize) -> String {
+    let over = SweepOver::Volumes;
+    let (prev, p) = (&pts[k], &pts[k + 1]);
+    let best = pts[..=k]
+        .iter()
+        .fold(&pts[0], |b, q| if q.per_unit > b.per_unit { q } else { b });
+    let fall = 1.0 - p.per_unit / prev.per_unit;
+    let below = 1.0 - p.per_unit / best.per_unit;
+    // Worth saying only when the fall from the best is not the fall from the step before.
+    let below_best = if (below - fall) * 100.0 >= 2.0 {
         format!(
-            "still scaling: {per} stays within {:.0}% of its best {}; {subject} reaches {} {unit} at {}",
-            KNEE_PER_UNIT_DROP * 100.0,
-            range_text(over, first.value, last.value),
-            amount(last.total),
-            value_text(over, last.value)
+            " ({:.0}% below its best, at {})",
+            below * 100.0,
+            value_text(over, best.value)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "per-volume throughput falls {:.0}% {}{below_best}: {subject} stops scaling at {}, where \
+         it reaches {} MB/s",
+        fall * 100.0,
+        range_text(over, prev.value, p.value),
+        value_text(over, prev.value),
+        amount(prev.total)
+    )
+}
+
+/// A marginal knee at `k` (< the last step) in words: what the step into the knee bought, what
+/// the steps past it bought, as shares of linear scaling.
+fn marginal_knee_text(subject: &str, over: SweepOver, pts: &[KneePoint], k: usize) -> String {
+    let (knee, last) = (&pts[k], &pts[pts.len() - 1]);
+    let what = iops_word(over);
+    let before = match k.checked_sub(1).map(|i| &pts[i]) {
+        Some(prev) => format!(
+            "{}, {what} {} ({} of linear scaling); ",
+            range_text(over, prev.value, knee.value),
+            pct(knee.total / prev.total),
+            share_text(linear_share(prev, knee))
         ),
+        None => String::new(),
+    };
+    format!(
+        "{before}{}, {what} {} ({} of linear scaling): {subject} stops scaling at {}, where it \
+         reaches {} {}",
+        range_text(over, knee.value, last.value),
+        pct(last.total / knee.total),
+        share_text(linear_share(knee, last)),
+        value_text(over, knee.value),
+        amount(knee.total),
+        knee_unit(over)
     )
 }
 
@@ -208,7 +346,7 @@ pub(crate) fn node_figures(results: &RunResults, role: &str) -> Vec<NodeFigures>
     out
 }
 
-/// The answers of a role's sweep: per node for a volumes sweep, else for the role.
+/// The answers of a role's sweep: per node for a volumes sweep (MB/s), else for the role (IOPS).
 pub(crate) fn answers(rs: &RoleSweep) -> Vec<Knee> {
     if rs.over == SweepOver::Volumes {
         let mut nodes: Vec<&str> = Vec::new();
@@ -236,30 +374,26 @@ pub(crate) fn answers(rs: &RoleSweep) -> Vec<Knee> {
             })
             .collect();
     }
-    let pts: Vec<KneePoint> = rs
-        .steps
-        .iter()
-        .map(|s| {
-            let mb_s: f64 = s.nodes.iter().map(|n| n.mb_s).sum();
-            let iops: f64 = s.nodes.iter().map(|n| n.iops).sum();
-            let volumes = f64::from(s.nodes.iter().map(|n| n.volumes).sum::<u32>().max(1));
-            let (total, per_unit) = match rs.over {
-                SweepOver::RateIops => (iops, iops / volumes / f64::from(s.depth.max(1))),
-                _ => (mb_s, mb_s / f64::from(s.depth.max(1))),
-            };
-            KneePoint {
-                value: s.depth,
-                total,
-                per_unit,
-            }
-        })
-        .collect();
+    // The role's own series, as its verdict reads it: the two name the same knee.
     vec![knee(
         &format!("role {}", rs.role),
         "the role",
         rs.over,
-        &pts,
+        &knee_points(&role_points(rs)),
     )]
+}
+
+/// The role's steps as the verdict and the answer see them: its volumes' IOPS summed, its
+/// latency merged.
+fn role_points(rs: &RoleSweep) -> Vec<Point> {
+    rs.steps
+        .iter()
+        .map(|s| Point {
+            depth: s.depth,
+            iops: s.role.lat.iops,
+            mean_ns: s.role.lat.mean_ns,
+        })
+        .collect()
 }
 
 /// The roles of a plan that sweep, with their sweeps.
@@ -279,18 +413,11 @@ fn pct(ratio: f64) -> String {
     }
 }
 
-/// IOPS gained per doubling of the depth from `a` to `b` (0.1: +10% per doubling).
-fn gain_per_doubling(a: &Point, b: &Point) -> f64 {
-    let doublings = (f64::from(b.depth) / f64::from(a.depth)).log2();
-    (b.iops / a.iops).powf(1.0 / doublings) - 1.0
-}
-
-/// The verdict on a target's steps (in increasing depth). The knee is the first step from
-/// which IOPS never again gains `KNEE_IOPS_GAIN` per doubling of the depth (measured from the
-/// knee, so one noisy step neither makes nor hides it) while mean latency rises by more than
-/// `KNEE_LATENCY_RISE` up to the deepest step. Without a knee: still scaling when the last step
-/// gained, else limited (more IOs configured than were in flight). Steps without IOs (a lost
-/// volume) are left out.
+/// The verdict on a target's steps (in increasing depth). The knee is `knee_index`'s, the
+/// answer's rule, on the target's IOPS. Past it: saturated when mean latency rose by more than
+/// `KNEE_LATENCY_RISE` from the knee to the deepest step (the added IOs only queued), else
+/// limited (the added IOs were configured but not in flight). Without a knee: still scaling.
+/// Steps without IOs (a lost volume) are left out.
 pub fn verdict(target: &str, over: SweepOver, points: &[Point]) -> Verdict {
     let w = over.word();
     let pts: Vec<&Point> = points
@@ -317,48 +444,40 @@ pub fn verdict(target: &str, over: SweepOver, points: &[Point]) -> Verdict {
             ),
         };
     };
-    for (k, knee) in pts.iter().enumerate().take(pts.len() - 1) {
-        let flat = pts[k + 1..]
-            .iter()
-            .all(|b| gain_per_doubling(knee, b) < KNEE_IOPS_GAIN);
-        let latency = last.mean_ns / knee.mean_ns;
-        if flat && latency > 1.0 + KNEE_LATENCY_RISE {
-            return make(
-                VerdictKind::Saturated,
-                knee.depth,
-                format!(
-                    "saturated at {w} {}: from {} to {}, IOPS {} while mean latency x{latency:.1} \
-                     (more outstanding IOs only queue)",
-                    knee.depth,
-                    knee.depth,
-                    last.depth,
-                    pct(last.iops / knee.iops)
-                ),
-            );
-        }
-    }
-    let gain = pct(last.iops / prev.iops);
-    if gain_per_doubling(prev, last) >= KNEE_IOPS_GAIN {
-        make(
+    let Some(k) = knee_index(over, &knee_points(points)) else {
+        return make(
             VerdictKind::Scaling,
             last.depth,
             format!(
-                "still scaling at {w} {} (IOPS {gain} from {})",
-                last.depth, prev.depth
+                "still scaling at {w} {} (IOPS {} from {})",
+                last.depth,
+                pct(last.iops / prev.iops),
+                prev.depth
+            ),
+        );
+    };
+    let knee = pts[k];
+    let gain = pct(last.iops / knee.iops);
+    let latency = last.mean_ns / knee.mean_ns;
+    if latency > 1.0 + KNEE_LATENCY_RISE {
+        make(
+            VerdictKind::Saturated,
+            knee.depth,
+            format!(
+                "saturated at {w} {}: from {} to {}, IOPS {gain} while mean latency \
+                 x{latency:.1} (more outstanding IOs only queue)",
+                knee.depth, knee.depth, last.depth
             ),
         )
     } else {
         make(
             VerdictKind::Limited,
-            last.depth,
+            knee.depth,
             format!(
-                "limited at {w} {}: from {} to {}, IOPS {gain} and mean latency x{:.2}: the added \
-                 IOs were not in flight, so the load generator, not the volume, set the pace \
-                 (compare with Little's law)",
-                prev.depth,
-                prev.depth,
-                last.depth,
-                last.mean_ns / prev.mean_ns
+                "limited at {w} {}: from {} to {}, IOPS {gain} and mean latency x{latency:.2}: \
+                 the added IOs were not in flight, so the load generator, not the volume, set \
+                 the pace (compare with Little's law)",
+                knee.depth, knee.depth, last.depth
             ),
         )
     }
@@ -410,8 +529,7 @@ pub(crate) fn judge(rs: &mut RoleSweep) {
         iops: f.lat.iops,
         mean_ns: f.lat.mean_ns,
     };
-    let role: Vec<Point> = rs.steps.iter().map(|s| point(s.depth, &s.role)).collect();
-    rs.verdict = verdict(&rs.role, rs.over, &role);
+    rs.verdict = verdict(&rs.role, rs.over, &role_points(rs));
     rs.answers = answers(rs);
     let names: Vec<String> = rs
         .steps
@@ -450,16 +568,30 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_seeds_ssd_saturates_at_one_thread_and_the_array_scales() {
-        // docs/domain.md#latency-vs-threads, vdbench threads 1, 2, 4, 16: the single SSD, then
-        // the XtremIO array.
-        let ssd = points(&[
+    /// docs/domain.md#latency-vs-threads: the single SSD at vdbench threads 1, 2, 4, 16.
+    fn seeds_ssd() -> Vec<Point> {
+        points(&[
             (1, 3192.92, 0.310),
             (2, 3305.57, 0.602),
             (4, 3312.41, 1.204),
             (16, 3300.77, 4.844),
-        ]);
+        ])
+    }
+
+    /// docs/scenarios.md: the Alteryx workers' run (release build, 2026-11-25), numjobs 1 to 4.
+    fn alteryx_run() -> Vec<Point> {
+        points(&[
+            (1, 746.0, 1.34),
+            (2, 1505.0, 1.33),
+            (3, 1500.0, 2.00),
+            (4, 1500.0, 2.67),
+        ])
+    }
+
+    #[test]
+    fn the_seeds_ssd_saturates_at_one_thread_and_the_array_scales() {
+        // The single SSD, then the XtremIO array.
+        let ssd = seeds_ssd();
         let v = verdict("ssd", SweepOver::Numjobs, &ssd);
         assert_eq!((v.kind, v.depth), (VerdictKind::Saturated, 1), "{v:?}");
         assert_eq!(
@@ -494,6 +626,13 @@ mod tests {
             v.text,
             "saturated at depth 2: from 2 to 16, IOPS +3% while mean latency x7.8 (more \
              outstanding IOs only queue)"
+        );
+        // The answer names the same depth (docs/drills.md).
+        let k = knee("role db", "the role", SweepOver::Iodepth, &knee_points(&p));
+        assert_eq!(
+            k.text,
+            "from depth 1 to 2, IOPS +90% (90% of linear scaling); from depth 2 to 16, IOPS +3% \
+             (0% of linear scaling): the role stops scaling at depth 2, where it reaches 1900 IOPS"
         );
         // A flat stretch followed by growth is not a knee: the step that grew again moves it.
         let p = points(&[
@@ -538,7 +677,7 @@ mod tests {
         // Flat IOPS at flat latency: the added IOs were never in flight.
         let p = points(&[(1, 5000.0, 0.2), (2, 9000.0, 0.22), (4, 9100.0, 0.21)]);
         let v = verdict("db", SweepOver::Iodepth, &p);
-        assert_eq!((v.kind, v.depth), (VerdictKind::Limited, 4), "{v:?}");
+        assert_eq!((v.kind, v.depth), (VerdictKind::Limited, 2), "{v:?}");
         assert!(
             v.text
                 .starts_with("limited at depth 2: from 2 to 4, IOPS +1% and mean latency x0.95"),
@@ -750,32 +889,32 @@ mod tests {
 
     #[test]
     fn other_sweeps_read_in_their_own_words() {
-        let p = per_volume(&[(1, 50.0), (2, 100.0), (4, 120.0)]);
+        // +20% of IOPS for twice the jobs is 20% of what linear scaling would add: still paying.
+        let p = knee_points(&points(&[(1, 50.0, 1.0), (2, 100.0, 1.0), (4, 120.0, 1.6)]));
         let k = knee("role db", "the role", SweepOver::Numjobs, &p);
         assert_eq!(
-            k.text,
-            "per-job throughput falls 40% from numjobs 2 to 4: the role stops scaling at \
-             numjobs 2, where it reaches 100 MB/s"
-        );
-        // A rate sweep: the share of the target achieved, in IOPS.
-        let rate =
-            [(500, 500.0), (1000, 998.0), (2000, 1400.0)].map(|(value, total): (u32, f64)| {
-                KneePoint {
-                    value,
-                    total,
-                    per_unit: total / f64::from(value),
-                }
-            });
-        let k = knee("role db", "the role", SweepOver::RateIops, &rate);
-        assert_eq!(
             (k.kind, k.at, k.unit.as_str()),
-            (KneeKind::Knee, 1000, "IOPS")
+            (KneeKind::Scaling, 4, "IOPS")
         );
-        assert!(
-            k.text.starts_with(
-                "the share of the target rate achieved falls 30% from 1000 to 2000 IOPS"
-            ),
-            "{k:?}"
+        assert_eq!(
+            k.text,
+            "still scaling: from numjobs 2 to 4, IOPS +20% (20% of linear scaling); the role \
+             reaches 120 IOPS at numjobs 4"
+        );
+        // A rate sweep: achieved IOPS follow the target, then stay at the device's limit.
+        let rate = knee_points(&points(&[
+            (500, 500.0, 1.0),
+            (1000, 998.0, 1.1),
+            (2000, 1400.0, 40.0),
+            (4000, 1405.0, 900.0),
+        ]));
+        let k = knee("role db", "the role", SweepOver::RateIops, &rate);
+        assert_eq!((k.kind, k.at, k.total), (KneeKind::Knee, 2000, 1400.0));
+        assert_eq!(
+            k.text,
+            "from 1000 to 2000 IOPS, achieved IOPS +40% (40% of linear scaling); from 2000 to \
+             4000 IOPS, achieved IOPS +0% (0% of linear scaling): the role stops scaling at 2000 \
+             IOPS, where it reaches 1400 IOPS"
         );
         let k = knee("role db", "the role", SweepOver::Iodepth, &p[..1]);
         assert_eq!(k.kind, KneeKind::Single);
@@ -784,6 +923,257 @@ mod tests {
             knee("role db", "the role", SweepOver::Iodepth, &[]).text,
             "no step with IO: nothing to compare"
         );
+    }
+
+    #[test]
+    fn the_alteryx_workers_answer_and_verdict_name_the_same_numjobs() {
+        // Two workers take the volume's 1,500 IOPS; a third only waits.
+        let p = alteryx_run();
+        let v = verdict("worker", SweepOver::Numjobs, &p);
+        assert_eq!((v.kind, v.depth), (VerdictKind::Saturated, 2), "{v:?}");
+        assert_eq!(
+            v.text,
+            "saturated at numjobs 2: from 2 to 4, IOPS +0% while mean latency x2.0 (more \
+             outstanding IOs only queue)"
+        );
+        let k = knee(
+            "role worker",
+            "the role",
+            SweepOver::Numjobs,
+            &knee_points(&p),
+        );
+        assert_eq!(
+            (k.kind, k.at, k.total),
+            (KneeKind::Knee, 2, 1505.0),
+            "{k:?}"
+        );
+        // IOPS -0.3% past the knee reads +0%, and its share of linear scaling 0%, never -0%.
+        assert_eq!(
+            k.text,
+            "from numjobs 1 to 2, IOPS +102% (102% of linear scaling); from numjobs 2 to 4, \
+             IOPS +0% (0% of linear scaling): the role stops scaling at numjobs 2, where it \
+             reaches 1505 IOPS"
+        );
+        // The known issue's run: IOPS per job fell 18% from 1 to 2 workers (latency rose), yet
+        // the second worker still added 64% more IO, far above 10% of linear: not the knee.
+        let p = points(&[
+            (1, 900.0, 1.1),
+            (2, 1476.0, 1.35),
+            (3, 1500.0, 2.0),
+            (4, 1502.0, 2.66),
+        ]);
+        let v = verdict("worker", SweepOver::Numjobs, &p);
+        let k = knee(
+            "role worker",
+            "the role",
+            SweepOver::Numjobs,
+            &knee_points(&p),
+        );
+        assert_eq!((v.depth, k.at), (2, 2), "{v:?} {k:?}");
+        assert!(
+            k.text
+                .starts_with("from numjobs 1 to 2, IOPS +64% (64% of linear"),
+            "{k:?}"
+        );
+        // The seeds' single SSD knees at its first value: the knee starts the sentence.
+        let ssd = seeds_ssd();
+        let k = knee(
+            "role ssd",
+            "the role",
+            SweepOver::Numjobs,
+            &knee_points(&ssd),
+        );
+        assert_eq!(
+            k.text,
+            "from numjobs 1 to 16, IOPS +3% (0% of linear scaling): the role stops scaling at \
+             numjobs 1, where it reaches 3193 IOPS"
+        );
+    }
+
+    #[test]
+    fn the_marginal_share_is_measured_against_linear_scaling_from_the_earlier_step() {
+        let at = |value: u32, total: f64| KneePoint {
+            value,
+            total,
+            per_unit: total / f64::from(value),
+        };
+        // From 2 to 4 linear scaling adds 100 to 100: +50 is half of it.
+        assert_eq!(linear_share(&at(2, 100.0), &at(4, 150.0)), 0.5);
+        assert_eq!(linear_share(&at(2, 100.0), &at(3, 150.0)), 1.0);
+        assert_eq!(linear_share(&at(1, 100.0), &at(4, 100.0)), 0.0);
+        assert_eq!(linear_share(&at(1, 100.0), &at(2, 80.0)), -0.2);
+        // Just under 10% of linear past the knee is the knee; just at it is not.
+        let p = [at(1, 100.0), at(2, 200.0), at(4, 219.0)];
+        assert_eq!(knee_index(SweepOver::Iodepth, &p), Some(1));
+        let p = [at(1, 100.0), at(2, 200.0), at(4, 220.0)];
+        assert_eq!(knee_index(SweepOver::Iodepth, &p), None);
+        // The volumes rule reads throughput per volume: the same series knees at 2 there.
+        assert_eq!(knee_index(SweepOver::Volumes, &p), Some(1));
+        let p = [at(4, 58.0), at(5, 72.5), at(6, 87.0), at(7, 87.5)];
+        assert_eq!(knee_index(SweepOver::Volumes, &p), Some(2));
+        assert_eq!(knee_index(SweepOver::Numjobs, &p), Some(2));
+    }
+
+    #[test]
+    fn a_numjobs_sweeps_answer_line_says_the_verdicts_numjobs() {
+        let step = |depth: u32, iops: f64, mean_ms: f64| SweepStep {
+            depth,
+            dir: format!("sweep/x-numjobs{depth}"),
+            role: figures("worker", u64::from(depth), iops, mean_ms),
+            volumes: vec![figures("agent-1/data", u64::from(depth), iops, mean_ms)],
+            nodes: vec![NodeFigures {
+                node: "agent-1".into(),
+                volumes: 1,
+                mb_s: iops * 8192.0 / 1e6,
+                iops,
+            }],
+        };
+        let mut rs = RoleSweep {
+            role: "worker".into(),
+            over: SweepOver::Numjobs,
+            steps: alteryx_run()
+                .iter()
+                .map(|p| step(p.depth, p.iops, p.mean_ns / 1e6))
+                .collect(),
+            ..Default::default()
+        };
+        judge(&mut rs);
+        assert_eq!((rs.verdict.depth, rs.answers[0].at), (2, 2));
+        // The two lines as docs/scenarios.md quotes them from the run.
+        let t = crate::export::text::sweep::render_text(&SweepReport { roles: vec![rs] });
+        assert!(
+            t.contains(
+                "  verdict: saturated at numjobs 2: from 2 to 4, IOPS +0% while mean latency x2.0 \
+                 (more outstanding IOs only queue)\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "  answer: role worker: from numjobs 1 to 2, IOPS +102% (102% of linear \
+                 scaling); from numjobs 2 to 4, IOPS +0% (0% of linear scaling): the role stops \
+                 scaling at numjobs 2, where it reaches 1505 IOPS\n"
+            ),
+            "{t}"
+        );
+    }
+
+    /// Steps at increasing values from increments, IOPS and mean latency in ms.
+    fn series(steps: &[(u32, f64, f64)]) -> Vec<Point> {
+        let mut value = 0;
+        steps
+            .iter()
+            .map(|&(inc, iops, ms)| {
+                value += inc;
+                Point {
+                    depth: value,
+                    iops,
+                    mean_ns: ms * 1e6,
+                }
+            })
+            .collect()
+    }
+
+    fn any_over() -> impl proptest::strategy::Strategy<Value = SweepOver> {
+        proptest::sample::select(vec![
+            SweepOver::Iodepth,
+            SweepOver::Numjobs,
+            SweepOver::RateIops,
+            SweepOver::Volumes,
+        ])
+    }
+
+    proptest::proptest! {
+        /// Throughput in proportion to the value: every added unit pays in full.
+        #[test]
+        fn a_linear_series_has_no_knee(
+            over in any_over(),
+            per in 0.5f64..1e5,
+            steps in proptest::collection::vec((1u32..300, 0.01f64..50.0), 2..10),
+        ) {
+            let p = series(&steps.iter().map(|&(inc, ms)| (inc, 0.0, ms)).collect::<Vec<_>>());
+            let p: Vec<Point> = p
+                .into_iter()
+                .map(|q| Point { iops: per * f64::from(q.depth), ..q })
+                .collect();
+            let last = p[p.len() - 1].depth;
+            let v = verdict("r", over, &p);
+            proptest::prop_assert_eq!((v.kind, v.depth), (VerdictKind::Scaling, last), "{:?}", v);
+            let k = knee("role r", "the role", over, &knee_points(&p));
+            proptest::prop_assert_eq!((k.kind, k.at), (KneeKind::Scaling, last), "{:?}", k);
+        }
+
+        /// Flat IOPS at the latency Little's law gives them: the first value is the knee.
+        #[test]
+        fn a_flat_series_knees_at_its_first_value(
+            over in proptest::sample::select(vec![
+                SweepOver::Iodepth,
+                SweepOver::Numjobs,
+                SweepOver::RateIops,
+            ]),
+            iops in 1.0f64..1e6,
+            incs in proptest::collection::vec(1u32..300, 2..10),
+        ) {
+            let p = series(&incs.iter().map(|&inc| (inc, 0.0, 0.0)).collect::<Vec<_>>());
+            let p: Vec<Point> = p
+                .into_iter()
+                .map(|q| Point { iops, mean_ns: f64::from(q.depth) * 1e9 / iops, ..q })
+                .collect();
+            let (first, last) = (p[0].depth, p[p.len() - 1].depth);
+            let v = verdict("r", over, &p);
+            proptest::prop_assert_eq!(v.depth, first, "{:?}", v);
+            // Saturated as soon as the queue grew measurably (from 10 to 11 jobs it barely did).
+            let kinds = if f64::from(last) > 1.2 * f64::from(first) {
+                vec![VerdictKind::Saturated]
+            } else {
+                vec![VerdictKind::Saturated, VerdictKind::Limited]
+            };
+            proptest::prop_assert!(kinds.contains(&v.kind), "{:?}", v);
+            let k = knee("role r", "the role", over, &knee_points(&p));
+            proptest::prop_assert_eq!((k.kind, k.at), (KneeKind::Knee, first), "{:?}", k);
+        }
+
+        /// For any series, the role's answer names the verdict's step: both come from one rule
+        /// on one series, through `judge` as a run uses it.
+        #[test]
+        fn the_answers_knee_is_the_verdicts_knee(
+            over in proptest::sample::select(vec![
+                SweepOver::Iodepth,
+                SweepOver::Numjobs,
+                SweepOver::RateIops,
+            ]),
+            steps in proptest::collection::vec((1u32..64, 0.0f64..1e5, 0.0f64..20.0), 0..10),
+        ) {
+            let p = series(&steps);
+            let mut rs = RoleSweep {
+                role: "r".into(),
+                over,
+                steps: p
+                    .iter()
+                    .map(|q| SweepStep {
+                        depth: q.depth,
+                        role: figures("r", u64::from(q.depth), q.iops, q.mean_ns / 1e6),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            judge(&mut rs);
+            let (v, k) = (&rs.verdict, &rs.answers[0]);
+            let expected = match v.kind {
+                VerdictKind::Saturated | VerdictKind::Limited => KneeKind::Knee,
+                VerdictKind::Scaling => KneeKind::Scaling,
+                VerdictKind::Single => KneeKind::Single,
+            };
+            proptest::prop_assert_eq!(k.kind, expected, "{:?} / {:?}", v, k);
+            if k.kind != KneeKind::Single {
+                proptest::prop_assert_eq!(k.at, v.depth, "{:?} / {:?}", v, k);
+                let said = format!("stops scaling at {} {},", over.word(), v.depth);
+                if over != SweepOver::RateIops && k.kind == KneeKind::Knee {
+                    proptest::prop_assert!(k.text.contains(&said), "{:?} / {:?}", v, k);
+                }
+            }
+        }
     }
 
     #[test]

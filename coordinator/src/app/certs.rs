@@ -1,10 +1,12 @@
 //! `lockstep certs`: a test CA and certificates for mutual TLS between coordinators and agents.
 //!
 //! For a quick start and for tests; in production the operator's own CA issues them. Each agent
-//! gets a certificate for its *name* (DNS SAN) with the serverAuth usage, and the coordinator
-//! one with clientAuth: the coordinator checks that the agent it dialed holds the certificate
-//! of the agent it meant (by name, whatever address it was reached at), and an agent's
-//! certificate cannot be used to drive other agents.
+//! gets a certificate for its *name* (DNS SAN) with the serverAuth and clientAuth usages (it
+//! serves the coordinator, and dials its mirror backup as a client), and the coordinator one
+//! with clientAuth only: the coordinator and a mirror's primary check that the agent they
+//! dialed holds the certificate of the agent they meant (by name, whatever address it was
+//! reached at), and agents refuse every call but `Mirror` from a certificate that may serve, so
+//! an agent's certificate cannot be used to drive other agents (`lockstep_core::tls`).
 
 use std::path::{Path, PathBuf};
 
@@ -65,7 +67,7 @@ fn write(
 
 fn leaf(
     name: &str,
-    usage: ExtendedKeyUsagePurpose,
+    usages: &[ExtendedKeyUsagePurpose],
     issuer: &Issuer<'_, KeyPair>,
 ) -> Result<(String, String), CertsError> {
     let gen_err = |source| CertsError::Generate {
@@ -89,7 +91,7 @@ fn leaf(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages.to_vec();
     let key = KeyPair::generate().map_err(gen_err)?;
     let cert = params.signed_by(&key, issuer).map_err(gen_err)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -133,12 +135,13 @@ pub fn generate(
         &mut files,
     )?;
     let issuer = Issuer::new(ca, ca_key);
-    for (names, usage) in [
-        (agents, ExtendedKeyUsagePurpose::ServerAuth),
-        (coordinators, ExtendedKeyUsagePurpose::ClientAuth),
+    use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    for (names, usages) in [
+        (agents, &[ServerAuth, ClientAuth][..]),
+        (coordinators, &[ClientAuth][..]),
     ] {
         for name in names {
-            let (cert, key) = leaf(name, usage.clone(), &issuer)?;
+            let (cert, key) = leaf(name, usages, &issuer)?;
             write(&out.join(format!("{name}.pem")), &cert, false, &mut files)?;
             write(&out.join(format!("{name}.key")), &key, true, &mut files)?;
         }
@@ -196,6 +199,23 @@ mod tests {
                 .unwrap()
                 .starts_with("-----BEGIN CERTIFICATE-----")
         );
+        // An agent's certificate serves and dials (its mirror backup); a coordinator's only
+        // dials, so agents take its calls and refuse an agent's.
+        let der = |name: &str| {
+            let pem = std::fs::read_to_string(dir.path().join(format!("{name}.pem"))).unwrap();
+            let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+            use base64::Engine;
+            let der = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap();
+            lockstep_core::tls::PeerCert::parse(&der).unwrap()
+        };
+        let a1 = der("a1");
+        assert!(a1.serves && a1.names == ["a1"]);
+        a1.check_primary("a1").unwrap();
+        let c = der("coordinator");
+        assert!(!c.serves && c.names == ["coordinator"]);
+        c.check_coordinator().unwrap();
         let again = generate(dir.path(), &["a1".into()], &[])
             .unwrap_err()
             .to_string();

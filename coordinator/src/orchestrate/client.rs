@@ -9,7 +9,7 @@ use lockstep_proto::v1::{ClockProbeRequest, HelloReply, HelloRequest};
 use lockstep_proto::{PROTOCOL_VERSION, version_mismatch};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::results::clock::{self, ClockEstimate, Probe};
 
@@ -52,22 +52,13 @@ impl Interceptor for Token {
 /// (`--tls-cert/--tls-key/--tls-ca`) before any connection. Process-wide, like the identity it
 /// stands for: every run and every re-attach of this coordinator dials with the same
 /// certificate, without threading credentials through the run loop.
-static TLS: OnceLock<ClientTls> = OnceLock::new();
-
-struct ClientTls {
-    ca: Certificate,
-    identity: Identity,
-}
+static TLS: OnceLock<lockstep_core::tls::TlsIdentity> = OnceLock::new();
 
 /// Dial every agent over mutual TLS with these files: the coordinator's certificate and key,
 /// and the CA the agents' certificates must chain to. The agent's certificate must be issued
 /// for its *name* (as `lockstep certs` does), whatever address it is reached at.
 pub fn use_tls(files: &lockstep_core::tls::TlsFiles) -> Result<(), lockstep_core::tls::TlsError> {
-    let (cert, key, ca) = files.read()?;
-    let _ = TLS.set(ClientTls {
-        ca: Certificate::from_pem(ca),
-        identity: Identity::from_pem(cert, key),
-    });
+    let _ = TLS.set(files.load()?);
     Ok(())
 }
 
@@ -138,31 +129,8 @@ fn explain(
     name: &str,
     tls: bool,
 ) -> String {
-    let mut chain = vec![first];
-    let mut cur = source;
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !chain.contains(&m) {
-            chain.push(m);
-        }
-        cur = c.source();
-    }
-    let text = chain.join(": ");
-    let lower = text.to_lowercase();
-    let handshake = [
-        "certificate",
-        "tls",
-        "handshake",
-        "alert",
-        "frame",
-        "connection reset",
-        "broken pipe",
-        "unexpected eof",
-        "canceled",
-        "h2 protocol",
-    ]
-    .iter()
-    .any(|w| lower.contains(w));
+    let text = lockstep_core::tls::error_chain(first, source);
+    let handshake = lockstep_core::tls::looks_like_handshake(&text);
     if tls && handshake {
         format!(
             "{text} (mutual TLS failed: the agent's certificate must be issued for the name '{name}' by the CA of --tls-ca, \
@@ -198,11 +166,9 @@ pub async fn connect(
     let mut endpoint = Endpoint::from_shared(url).map_err(connect_err)?;
     if let Some(t) = tls {
         // The agent must prove it is `name`, not merely someone the CA signed for.
-        let cfg = ClientTlsConfig::new()
-            .ca_certificate(t.ca.clone())
-            .identity(t.identity.clone())
-            .domain_name(name);
-        endpoint = endpoint.tls_config(cfg).map_err(connect_err)?;
+        endpoint = endpoint
+            .tls_config(t.client_config(name))
+            .map_err(connect_err)?;
     }
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))

@@ -1,7 +1,7 @@
 //! A sweep's results: per role, each step's figures beside Little's law, the verdict on where
-//! more IOs in flight stop buying IOPS, and the answer in words: where throughput per unit of
-//! what the sweep adds (a volume, a job, an IO in flight, a unit of target rate) stops holding
-//! up (`Knee`). Produced by sweep mode, rendered by the exporters.
+//! more IOs in flight stop buying IOPS, and the answer in words: where more of what the sweep
+//! adds (a job, an IO in flight, target rate, a volume) stops paying (`Knee`), at the same step
+//! as the verdict. Produced by sweep mode, rendered by the exporters.
 
 use serde::{Deserialize, Serialize};
 
@@ -55,9 +55,9 @@ pub struct NodeFigures {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KneeKind {
-    /// Throughput per unit fell: more of what the sweep adds stopped paying.
+    /// More of what the sweep adds stopped paying (its marginal gain, or per volume).
     Knee,
-    /// Throughput per unit held up to the last step.
+    /// Still paying at the last step.
     Scaling,
     /// Fewer than two steps with data.
     #[default]
@@ -74,7 +74,7 @@ pub struct Knee {
     pub at: u32,
     /// The total at `at`, in `unit`.
     pub total: f64,
-    /// `MB/s`, or `IOPS` for a rate sweep.
+    /// `MB/s` for a volumes sweep's node, else `IOPS` (the role's, as its verdict reads them).
     pub unit: String,
     pub text: String,
 }
@@ -114,7 +114,7 @@ pub struct Verdict {
     /// The role, or `node/volume`.
     pub target: String,
     pub kind: VerdictKind,
-    /// The knee (saturated), else the deepest step.
+    /// The knee (saturated or limited: the answer's `at`), else the deepest step.
     pub depth: u32,
     pub text: String,
 }
