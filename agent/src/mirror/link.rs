@@ -275,7 +275,10 @@ impl Link {
     /// Reads owed ranges back from the primary's file and queues them, while the backup
     /// answers, the window has room and this pass's slice lasts. Sender thread only.
     /// Returns whether it queued a chunk. It stops by `until` at the latest (give or take one
-    /// chunk's read).
+    /// chunk's read). It runs between live writes, not while one is held for its delay: a
+    /// version that caught up during the delays was 2 to 4 times faster on the release build,
+    /// but on the debug build it stalled the primary's IO during fail-overs in 3 of 5 runs of
+    /// the paused-backup test, for a reason not found yet (docs/scenarios.md).
     fn pump_catchup(&self, until: Instant) -> bool {
         let until = until.min(Instant::now() + CATCHUP_SLICE);
         let mut queued = false;
@@ -334,27 +337,6 @@ impl Link {
             }
         }
         queued
-    }
-
-    /// Holds a live write until it is due (the injected delay), catching up meanwhile: a
-    /// catch-up that only ran between writes would get the little time the delays leave. A
-    /// chunk read while a write waits has that write's bytes already (it finished locally
-    /// before), and the write goes after it, so the order still holds.
-    fn hold_until(&self, due: Instant) {
-        loop {
-            let now = Instant::now();
-            if now >= due {
-                return;
-            }
-            if !self.pump_catchup(due) {
-                let step = if self.catching_up() {
-                    Duration::from_micros(100)
-                } else {
-                    due - now
-                };
-                std::thread::sleep(step.min(due - now));
-            }
-        }
     }
 
     /// Owed bytes and a backup to send them to.
@@ -705,7 +687,11 @@ fn sender(link: &Link, from_loop: mpsc::Receiver<ToSend>) {
         };
         match from_loop.recv_timeout(wait) {
             Ok(w) => {
-                link.hold_until(w.done + link.cfg.delay);
+                let due = w.done + link.cfg.delay;
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
                 link.send(w);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}

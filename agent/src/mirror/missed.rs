@@ -71,12 +71,13 @@ impl MissedRanges {
         }
         let (mut start, mut end) = (r.start, r.end());
         // The range before it (starting at or before `start`) may reach it.
-        if let Some((&(f, s), &e)) = self.ranges.range(..=(r.file, start)).next_back() {
-            if f == r.file && e >= start {
-                start = s;
-                end = end.max(e);
-                self.remove_at(f, s);
-            }
+        if let Some((&(f, s), &e)) = self.ranges.range(..=(r.file, start)).next_back()
+            && f == r.file
+            && e >= start
+        {
+            start = s;
+            end = end.max(e);
+            self.remove_at(f, s);
         }
         // Ranges starting inside [start, end] are absorbed.
         while let Some((&(f, s), &e)) = self.ranges.range((r.file, start)..).next() {
@@ -235,13 +236,12 @@ mod tests {
                 }
                 prop_assert!(m.len() <= limit.max(3), "{} ranges, limit {limit}", m.len());
                 // Take a chunk now and then: taken bytes are no longer owed.
-                if let Some(&n) = takes.get(i % 37) {
-                    if i % 7 == 0 {
-                        if let Some(t) = m.take(n) {
-                            for b in t.start..t.end() {
-                                missed.remove(&(t.file, b));
-                            }
-                        }
+                if let Some(&n) = takes.get(i % 37)
+                    && i % 7 == 0
+                    && let Some(t) = m.take(n)
+                {
+                    for b in t.start..t.end() {
+                        missed.remove(&(t.file, b));
                     }
                 }
             }
