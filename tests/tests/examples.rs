@@ -82,6 +82,9 @@ fn every_example_parses_and_resolves_on_the_cluster_its_header_names() {
         "examples/tableau-workers.toml",
         "examples/alteryx-workers.toml",
         "examples/iris-pair.toml",
+        "examples/iris-mirrored-pair.toml",
+        "examples/hadoop-volume-count.toml",
+        "examples/mirror-drill.toml",
         "examples/ha-drill-fixed-rate.toml",
     ] {
         assert!(examples.iter().any(|e| e == story), "{story} is missing");
