@@ -36,6 +36,9 @@ use crate::runner::MirrorHook;
 /// How often a link that failed over asks the backup whether it answers again, and how long
 /// it waits between connection attempts.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How long connecting to the backup and opening the Mirror call may take before the attempt
+/// counts as failed (and is made again after `RECONNECT_EVERY`).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
 const RECONNECT_EVERY: Duration = Duration::from_millis(200);
 /// Writes queued for the stream at most; beyond it (a backup that stopped reading) a write is
 /// not sent, and sync mode fails over as for any write without an ack.
@@ -752,9 +755,12 @@ async fn stream_once(link: &Link) -> Result<(), String> {
             .tls_config(tls.client_config(&cfg.backup_agent))
             .map_err(|e| format!("{who}: {e}"))?;
     }
-    let channel = endpoint
-        .connect()
+    // `connect_timeout` covers the TCP connect only: a stopped (SIGSTOP) backup's kernel still
+    // accepts, and the TLS or HTTP/2 handshake and the call's reply would then wait for as long
+    // as it is stopped, with this thread (which the clone's end joins) stuck in them.
+    let channel = tokio::time::timeout(SETUP_TIMEOUT, endpoint.connect())
         .await
+        .map_err(|_| format!("{who}: no answer to the connection within {SETUP_TIMEOUT:?}"))?
         .map_err(|e| connect_failed(cfg, &who, &e))?;
     let mut client = AgentClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
@@ -767,9 +773,9 @@ async fn stream_once(link: &Link) -> Result<(), String> {
             .map_err(|_| format!("{who}: the token is not a valid header value"))?;
         req.metadata_mut().insert("authorization", v);
     }
-    let mut acks = client
-        .mirror(req)
+    let mut acks = tokio::time::timeout(SETUP_TIMEOUT, client.mirror(req))
         .await
+        .map_err(|_| format!("{who}: no answer to the Mirror call within {SETUP_TIMEOUT:?}"))?
         .map_err(|s| call_failed(cfg, &who, &s))?
         .into_inner();
     link.state.lock().unwrap().tx = Some(tx);
