@@ -71,6 +71,10 @@ pub struct MirrorVolume {
 struct MirrorFile {
     scope: Scope,
     path: PathBuf,
+    /// The exact (run, primary, file) it mirrors. The name reduces these to safe characters and
+    /// 64 of them per part, so two primaries can map to one name (`a1` writing file `x.data.f`
+    /// and `a1.x` writing `data`'s `f`): only the owner may write, end or remove it.
+    owner: String,
     file: std::fs::File,
     /// Streams using it now, and how many ever attached (an orphan's removal checks both).
     streams: AtomicUsize,
@@ -92,6 +96,11 @@ fn volume_of<'a>(volumes: &'a [MirrorVolume], w: &MirrorWrite) -> Result<&'a Mir
     Ok(vol)
 }
 
+/// Who a write says it mirrors, exactly (see `MirrorFile::owner`).
+fn owner_of(w: &MirrorWrite) -> String {
+    format!("{}\0{}\0{}", w.run_id, w.primary, w.file)
+}
+
 impl MirrorFile {
     /// The file of `w` for a stream: the one already open (another stream of the same primary
     /// wrote it before), or opened now.
@@ -99,8 +108,18 @@ impl MirrorFile {
         let path = vol
             .path
             .join(mirror_file_name(&w.run_id, &w.primary, &w.file));
+        let owner = owner_of(w);
         let mut open = OPEN.lock().unwrap();
         let f = match open.get(&path) {
+            Some(f) if f.owner != owner => {
+                return Err(Status::permission_denied(format!(
+                    "mirror: {} is already the mirror file of another primary; primary '{}' \
+                     file '{}' maps to the same name (names are reduced to safe characters)",
+                    path.display(),
+                    w.primary,
+                    w.file
+                )));
+            }
             Some(f) => f.clone(),
             None => {
                 let scope = Scope::Beneath(vol.path.clone());
@@ -112,6 +131,7 @@ impl MirrorFile {
                 let f = Arc::new(MirrorFile {
                     scope,
                     path: path.clone(),
+                    owner,
                     file,
                     streams: AtomicUsize::new(0),
                     attached: AtomicU64::new(0),
@@ -139,9 +159,16 @@ impl MirrorFile {
         }
     }
 
-    /// Closes the file and removes it (unless `keep`), if it is still the one in the table.
-    fn forget(path: &Path, keep: bool) {
-        let f = OPEN.lock().unwrap().remove(path);
+    /// Closes the file and removes it (unless `keep`), if the table holds it for `owner`
+    /// (`None`: whoever owns it).
+    fn forget(path: &Path, owner: Option<&str>, keep: bool) {
+        let f = {
+            let mut open = OPEN.lock().unwrap();
+            match open.get(path) {
+                Some(f) if owner.is_none_or(|o| o == f.owner) => open.remove(path),
+                _ => None,
+            }
+        };
         if let Some(f) = f.filter(|_| !keep) {
             let _ = f.scope.remove(&f.path);
         }
@@ -156,15 +183,19 @@ impl MirrorFile {
         let seen = self.attached.load(Ordering::Relaxed);
         tokio::spawn(async move {
             tokio::time::sleep(orphan_after).await;
-            let unused = self.streams.load(Ordering::Relaxed) == 0
-                && self.attached.load(Ordering::Relaxed) == seen;
-            let current = OPEN
-                .lock()
-                .unwrap()
-                .get(&self.path)
-                .is_some_and(|f| Arc::ptr_eq(f, &self));
-            if unused && current {
-                MirrorFile::forget(&self.path, false);
+            // Checked and taken out of the table under its lock: an attach in between would
+            // otherwise get the file just before it is removed.
+            let orphan = {
+                let mut open = OPEN.lock().unwrap();
+                let unused = self.streams.load(Ordering::Relaxed) == 0
+                    && self.attached.load(Ordering::Relaxed) == seen;
+                let current = open.get(&self.path).is_some_and(|f| Arc::ptr_eq(f, &self));
+                (unused && current)
+                    .then(|| open.remove(&self.path))
+                    .flatten()
+            };
+            if let Some(f) = orphan {
+                let _ = f.scope.remove(&f.path);
             }
         });
     }
@@ -230,7 +261,7 @@ async fn serve_messages(
             if let Some(f) = files.remove(&w.file) {
                 f.streams.fetch_sub(1, Ordering::Relaxed);
             }
-            MirrorFile::forget(&path, w.keep);
+            MirrorFile::forget(&path, Some(&owner_of(&w)), w.keep);
             MirrorAck {
                 seq: w.seq,
                 ..MirrorAck::default()
@@ -306,8 +337,40 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!p1.exists(), "the orphan is removed");
         assert!(p2.exists(), "the file its primary came back for stays");
-        MirrorFile::forget(&p2, false);
+        MirrorFile::forget(&p2, None, false);
         assert!(!p2.exists());
+    }
+
+    /// Two primaries whose names reduce to one file name: the second can neither write into
+    /// the first one's file nor end (remove) it.
+    #[tokio::test]
+    async fn a_primary_cannot_take_over_a_colliding_mirror_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = MirrorVolume {
+            name: "data".into(),
+            path: dir.path().to_path_buf(),
+        };
+        let w = |primary: &str, file: &str| MirrorWrite {
+            run_id: "collide".into(),
+            primary: primary.into(),
+            file: file.into(),
+            ..MirrorWrite::default()
+        };
+        let victim = w("a1.x/data", "f");
+        let intruder = w("a1", "x.data.f");
+        let f = MirrorFile::attach(&vol, &victim).unwrap();
+        assert_eq!(
+            mirror_file_name("collide", &intruder.primary, &intruder.file),
+            f.path.file_name().unwrap().to_str().unwrap(),
+            "the two names collide"
+        );
+        let refused = MirrorFile::attach(&vol, &intruder).err().expect("refused");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        MirrorFile::forget(&f.path, Some(&owner_of(&intruder)), false);
+        assert!(f.path.exists(), "another primary's end does not remove it");
+        assert!(OPEN.lock().unwrap().contains_key(&f.path));
+        MirrorFile::forget(&f.path, Some(&owner_of(&victim)), false);
+        assert!(!f.path.exists(), "its own primary's end does");
     }
 
     #[test]
