@@ -111,13 +111,24 @@ fn pair(node: &str, volume: &str, m: &MirrorTotals) -> MirrorPair {
     }
 }
 
-/// When the pair was a valid fail-over target again: the end of the last catch-up, if the
-/// backup was owed nothing at the end and no fail-over came after it. `None` when nothing was
-/// ever missed, or the backup was still behind.
+/// When the pair was a valid fail-over target again: the end of the finished catch-up that
+/// ended last (a volume's job clones catch up one each, and the merged list is sorted by
+/// start, so the last to start need not be the last to end), if no catch-up began after it
+/// and did not finish, the backup was owed nothing at the end and no fail-over came after it. `None` when nothing was ever missed, or the
+/// backup was still behind.
 fn valid_again_at(m: &MirrorTotals, last_failover: Option<u64>) -> Option<u64> {
-    let last = m.catchups.last()?;
-    let after_failover = last_failover.is_none_or(|f| last.end_ms >= f);
-    (last.done && m.behind_bytes == 0 && after_failover).then_some(last.end_ms)
+    let end = m
+        .catchups
+        .iter()
+        .filter(|c| c.done)
+        .map(|c| c.end_ms)
+        .max()?;
+    // A catch-up that began after that and never finished: the pair was not whole at the end.
+    if m.catchups.iter().any(|c| !c.done && c.start_ms >= end) {
+        return None;
+    }
+    let after_failover = last_failover.is_none_or(|f| end >= f);
+    (m.behind_bytes == 0 && after_failover).then_some(end)
 }
 
 /// A fail-over with no return after it.
@@ -215,6 +226,10 @@ mod tests {
         m.catchups.push(cu(16_000, 0, false));
         assert_eq!(valid_again_at(&m, None), None);
         assert_eq!(pair("a", "d", &m).catchups[1].duration_ms, None);
+        // Two clones' catch-ups: the one that started first ended last, and that is when the
+        // pair was whole again.
+        m.catchups = vec![cu(13_000, 20_000, true), cu(14_000, 15_000, true)];
+        assert_eq!(valid_again_at(&m, Some(11_000)), Some(20_000));
         // Nothing missed, no catch-up: nothing to say.
         assert_eq!(valid_again_at(&MirrorTotals::default(), None), None);
     }
