@@ -113,7 +113,17 @@ else:
     row = f"{n:<7} {m:<8} {cpu:<9.1f} {'-':<8} {rss_mib:<10.0f} {'-':<9} {'-':<10} {'-':<10} {'-':<10} {sim_cpu:<8.1f} {status}"
 print(row, flush=True)
 PY
-  [ "$rc" -le 1 ] || tail -5 "$dir/live.txt" >&2
-  # intervals.hlog is about 2 KB a volume-interval (1.3 GB for 1,000 x 8 x 60 s): gone at once.
+  # A run that failed (exit 2 and up: an error, a panic), or whose simulator panicked, keeps
+  # its logs, not its data files: the coordinator's stderr (live.txt), the simulators'
+  # (sim-*.err) and the report. The last lines alone lost a panic's message once
+  # (docs/scale.md), so every panic is printed whole.
+  if [ "$rc" -gt 1 ] || grep -q "panicked at" "$dir"/sim-*.err; then
+    logs=$(mktemp -d -p target/scratch "scale-bench-failed-n$n.XXXX")
+    cp "$dir"/live.txt "$dir"/sim-*.err "$dir"/report.txt "$logs"/ 2>/dev/null || true
+    echo "exit $rc: logs kept in $logs" >&2
+    grep -h -A 30 "panicked at" "$dir"/live.txt "$dir"/sim-*.err >&2 || tail -5 "$dir/live.txt" >&2
+  fi
+  # The data files are about 1.4 KB a volume-interval at 3 digits (680 MB for 1,000 x 8 x 60 s):
+  # gone at once.
   [ -n "${KEEP:-}" ] || rm -rf "$dir/run"
 done
