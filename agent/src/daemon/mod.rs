@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lockstep_proto::histogram::{RECORDED_DIGITS, interval_digits};
+use lockstep_proto::histogram::interval_digits;
 use lockstep_proto::v1::agent_server::{Agent, AgentServer};
 use lockstep_proto::v1::{
     AbortReply, AbortRequest, AttachRequest, ClockProbeReply, ClockProbeRequest, HelloReply,
@@ -287,6 +287,7 @@ impl Shared {
     fn prepared(
         &self,
         req: PrepareRequest,
+        histogram_digits: u8,
         laid_out: Result<Vec<PreparedVolume>, String>,
     ) -> Result<(), String> {
         let mut phase = self.phase.lock().unwrap();
@@ -312,7 +313,7 @@ impl Shared {
             volumes,
             keep_files: req.keep_files,
             // Checked before the layout began (`asked_digits`).
-            histogram_digits: interval_digits(req.histogram_digits).unwrap_or(RECORDED_DIGITS),
+            histogram_digits,
             // The coordinator checks the plan's interval (>= 100 ms); 0 is an old one.
             interval: if req.interval_ms == 0 {
                 Duration::from_secs(1)
@@ -745,7 +746,7 @@ impl Agent for AgentService {
             }))
             .unwrap_or_else(|_| Err("prepare panicked".into()));
             count.finished.store(true, Ordering::Release);
-            shared.prepared(req, laid_out)
+            shared.prepared(req, digits, laid_out)
         })
         .await;
         guard.0 = None;
