@@ -11,6 +11,8 @@
 #   env: VOLUMES=8 DURATION=60s INTERVAL=1s DIGITS=3 (the plan's histogram_digits, 2 or 3)
 #   BASE_PORT=20000 KEEP=1 (keep the run directories; mind the disk: data/ takes about 2 KB per
 #   volume-interval at 3 digits)
+#   PERF=1: also record the coordinator's profile (perf record -g at 499 Hz) and print its top
+#   functions (perf report --no-children); the profile is kept as target/scratch/perf-nN.data
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"100 1000 10000"}
@@ -78,7 +80,9 @@ for n in $sizes; do
   done
   sim_cpu0=0; for p in "${sims[@]}"; do sim_cpu0=$(echo "$sim_cpu0 + $(cpu_of "$p")" | bc); done
   set +e
-  /usr/bin/time -v -o "$dir/time.txt" "$bin/lockstep" run "$out/plan.toml" \
+  prof=()
+  [ -z "${PERF:-}" ] || prof=(perf record -q -g -F 499 -o "target/scratch/perf-n$n.data" --)
+  /usr/bin/time -v -o "$dir/time.txt" "${prof[@]}" "$bin/lockstep" run "$out/plan.toml" \
     --agents-file "$dir/agents.txt" --output "$dir/run" > "$dir/report.txt" 2> "$dir/live.txt"
   rc=$?
   set -e
@@ -113,6 +117,10 @@ else:
     row = f"{n:<7} {m:<8} {cpu:<9.1f} {'-':<8} {rss_mib:<10.0f} {'-':<9} {'-':<10} {'-':<10} {'-':<10} {sim_cpu:<8.1f} {status}"
 print(row, flush=True)
 PY
+  if [ -n "${PERF:-}" ]; then
+    perf report -q -i "target/scratch/perf-n$n.data" --no-children --sort symbol 2>/dev/null \
+      | grep -v '^$' | grep -v '^ *|' | grep -v '^ *-' | head -40
+  fi
   # A run that failed (exit 2 and up: an error, a panic), or whose simulator panicked, keeps
   # its logs, not its data files: the coordinator's stderr (live.txt), the simulators'
   # (sim-*.err) and the report. The last lines alone lost a panic's message once
