@@ -106,15 +106,22 @@ fn main() {
         let t = Instant::now();
         for (a, name) in names.iter().enumerate() {
             let first = (a * volumes) as u32;
-            let mut block = ReportBlock::new(i, 1000, first, volumes as u32);
-            for (v, vname) in vol_names.iter().enumerate() {
-                let mut vi = pool[k % pool.len()].clone();
-                k += 1;
-                vi.volume.clone_from(vname);
-                let p = merger.ingest(name, i, 1000, &vi, true).expect("merge");
+            let vis: Vec<_> = vol_names
+                .iter()
+                .map(|vname| {
+                    let mut vi = pool[k % pool.len()].clone();
+                    k += 1;
+                    vi.volume.clone_from(vname);
+                    vi
+                })
+                .collect();
+            let records = vis.iter().map(store::records_len).sum();
+            let mut block = ReportBlock::new(i, 1000, first, volumes as u32, records);
+            for (v, vi) in vis.iter().enumerate() {
+                let p = merger.ingest(name, i, 1000, vi, true).expect("merge");
                 let id = first + v as u32;
                 block.add_point(id, &store::format::encode_point(&p, true));
-                block.add(id, &vi);
+                block.add(id, vi);
             }
             writer.write(block);
         }

@@ -16,7 +16,7 @@ pub mod writer;
 use serde::{Deserialize, Serialize};
 
 pub use reader::{StoreError, StoreReader};
-pub use writer::{ReportBlock, StoreStats, StoreWriter};
+pub use writer::{ReportBlock, StoreStats, StoreWriter, records_len};
 
 /// The data directory's name in a results directory.
 pub const DATA_DIR: &str = "data";

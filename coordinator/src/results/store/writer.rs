@@ -9,11 +9,13 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::format::{
-    HISTOGRAMS_MAGIC, INDEX_MAGIC, IndexEntry, POINT_SIZE, PointsHeader, Tag, push_record,
+    HISTOGRAMS_MAGIC, INDEX_MAGIC, IndexEntry, POINT_SIZE, PointsHeader, RECORD_HEADER, Tag,
+    push_record,
 };
 use super::{HISTOGRAMS, INDEX, Manifest, POINTS};
 use lockstep_proto::v1::VolumeInterval;
@@ -22,9 +24,49 @@ use lockstep_proto::v1::VolumeInterval;
 /// counts are noise); a higher level costs CPU the coordinator needs for merging.
 const ZSTD_LEVEL: i32 = 1;
 
-/// How many agent reports may wait for the disk. Beyond it the run loop waits: memory stays
-/// bounded (a report is a few KiB per volume) when the disk is slower than the agents.
-const QUEUE: usize = 4096;
+/// How many bytes of agent reports may wait for the disk. Beyond it the run loop waits, so
+/// memory stays bounded when the disk is slower than the agents. Bounded by bytes, not by
+/// reports: a bound of 4,096 reports let the queue (and what the allocator keeps of it after)
+/// reach 64 MiB at 8 volumes an agent, which was most of a long run's memory (docs/scale.md).
+/// 16 MiB is a few seconds of 1,000 agents x 8 volumes at 2 digits, and the writer needs well
+/// under a second of CPU for each second of them.
+const QUEUE_BYTES: usize = 16 << 20;
+
+/// The bytes queued for the disk, and a wait for room.
+#[derive(Default)]
+struct Backlog {
+    bytes: Mutex<usize>,
+    room: Condvar,
+}
+
+impl Backlog {
+    /// Waits until `n` more bytes fit (a report larger than the whole budget waits for an
+    /// empty queue), then counts them.
+    fn take(&self, n: usize) {
+        let mut queued = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        while *queued > 0 && *queued + n > QUEUE_BYTES {
+            queued = self.room.wait(queued).unwrap_or_else(|e| e.into_inner());
+        }
+        *queued += n;
+    }
+
+    fn give_back(&self, n: usize) {
+        let mut queued = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        *queued = queued.saturating_sub(n);
+        self.room.notify_all();
+    }
+}
+
+/// The bytes one volume's histograms take in a block's records (`format::push_record`).
+pub fn records_len(vi: &VolumeInterval) -> usize {
+    [&vi.read, &vi.write]
+        .into_iter()
+        .flatten()
+        .flat_map(|d| [&d.lat_hist, &d.lat_intended_hist])
+        .filter(|b| !b.is_empty())
+        .map(|b| RECORD_HEADER + b.len())
+        .sum()
+}
 
 /// One agent's report of one interval, ready for the disk.
 pub struct ReportBlock {
@@ -39,14 +81,21 @@ pub struct ReportBlock {
 }
 
 impl ReportBlock {
-    /// A block for `volumes` of one agent, with room for their records.
-    pub fn new(interval: u64, len_ms: u32, first_volume: u32, volumes: u32) -> Self {
+    /// A block for `volumes` of one agent, with room for `records_len` bytes of records (the
+    /// sum of their `records_len`: exact, so that a queued block holds no spare capacity).
+    pub fn new(
+        interval: u64,
+        len_ms: u32,
+        first_volume: u32,
+        volumes: u32,
+        records_len: usize,
+    ) -> Self {
         ReportBlock {
             interval,
             len_ms,
             first_volume,
             volumes,
-            records: Vec::with_capacity(volumes as usize * 2048),
+            records: Vec::with_capacity(records_len),
             points: vec![0u8; volumes as usize * POINT_SIZE],
         }
     }
@@ -61,6 +110,11 @@ impl ReportBlock {
                 }
             }
         }
+    }
+
+    /// What the block holds in memory while it waits for the disk.
+    fn size(&self) -> usize {
+        self.records.capacity() + self.points.capacity() + std::mem::size_of::<Self>()
     }
 
     /// Adds one volume's point.
@@ -83,7 +137,8 @@ pub struct StoreStats {
 }
 
 pub struct StoreWriter {
-    tx: Option<SyncSender<ReportBlock>>,
+    tx: Option<Sender<ReportBlock>>,
+    backlog: Arc<Backlog>,
     thread: Option<JoinHandle<StoreStats>>,
     pub dir: PathBuf,
 }
@@ -119,7 +174,8 @@ impl StoreWriter {
             interval_ms: manifest.interval_ms as u32,
         };
         points.write_all_at(&header.to_bytes(), 0)?;
-        let (tx, rx) = sync_channel(QUEUE);
+        let (tx, rx) = channel();
+        let backlog = Arc::new(Backlog::default());
         let files = Files {
             hist,
             hist_len: HISTOGRAMS_MAGIC.len() as u64,
@@ -128,20 +184,23 @@ impl StoreWriter {
             header,
             compressor: zstd::bulk::Compressor::new(ZSTD_LEVEL)?,
             stats: StoreStats::default(),
+            backlog: backlog.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("lockstep-store".into())
             .spawn(move || files.run(rx))?;
         Ok(StoreWriter {
             tx: Some(tx),
+            backlog,
             thread: Some(thread),
             dir: dir.to_path_buf(),
         })
     }
 
-    /// Queues one agent's interval; waits only when the disk is that far behind.
+    /// Queues one agent's interval; waits only when the disk is `QUEUE_BYTES` behind.
     pub fn write(&self, block: ReportBlock) {
         if let Some(tx) = &self.tx {
+            self.backlog.take(block.size());
             // A closed channel means the thread ended (it only does after `finish`).
             let _ = tx.send(block);
         }
@@ -177,17 +236,20 @@ struct Files {
     header: PointsHeader,
     compressor: zstd::bulk::Compressor<'static>,
     stats: StoreStats,
+    backlog: Arc<Backlog>,
 }
 
 impl Files {
     fn run(mut self, rx: Receiver<ReportBlock>) -> StoreStats {
         for block in rx {
-            if self.stats.error.is_some() {
-                continue;
-            }
-            if let Err(e) = self.write(&block) {
+            if self.stats.error.is_none()
+                && let Err(e) = self.write(&block)
+            {
                 self.stats.error = Some(e.to_string());
             }
+            let size = block.size();
+            drop(block);
+            self.backlog.give_back(size);
         }
         if self.stats.error.is_none() {
             let flushed = self
