@@ -73,6 +73,18 @@ pub struct KeptPoints {
 }
 
 impl KeptPoints {
+    /// Claims the memory of `n` recent points now, touched, rather than as the window fills:
+    /// a run's memory is then what it will be for the whole run from its first minute (the
+    /// window of 1,000 agents x 8 volumes is 120 intervals, about 90 MiB, which had been most
+    /// of the growth after the first minute), and a coordinator short of memory finds out at
+    /// the start rather than two minutes in. The ring never reallocates after.
+    pub fn claim_recent(&mut self, n: usize) {
+        let mut recent = VecDeque::with_capacity(n);
+        recent.resize(n, VolumePoint::default());
+        recent.clear();
+        self.recent = recent;
+    }
+
     /// Adds the point of interval `index`.
     pub fn push(&mut self, index: u64, p: VolumePoint, keep: &Keep) {
         if keep.recent > 0 {
@@ -114,6 +126,24 @@ impl KeptPoints {
         }
         p.t_ms = (slot + 1) * keep.fold * keep.interval_ms;
         Some(p)
+    }
+
+    /// Kept points with room for `n` of them.
+    pub fn with_room(n: usize) -> Self {
+        KeptPoints {
+            points: Vec::with_capacity(n),
+            ..Default::default()
+        }
+    }
+
+    /// The kept points including the partial last one, without copying them.
+    pub fn into_all(mut self, keep: &Keep) -> Vec<VolumePoint> {
+        if keep.fold > 1
+            && let Some(p) = self.folded(keep)
+        {
+            self.points.push(p);
+        }
+        self.points
     }
 
     /// The kept points including the partial last one.

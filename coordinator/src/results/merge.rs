@@ -294,6 +294,9 @@ impl Merger {
     /// and reads the timeline back from them at the end (results/keeper.rs).
     pub fn points_on_disk(mut self) -> Self {
         self.keep.in_memory = false;
+        for acc in &mut self.volumes {
+            acc.kept.claim_recent(self.keep.recent);
+        }
         self
     }
 

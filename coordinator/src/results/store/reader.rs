@@ -151,6 +151,19 @@ impl StoreReader {
         }))
     }
 
+    /// How many intervals (rows) `points.bin` holds.
+    fn point_row_count(&self) -> Result<u64, StoreError> {
+        let path = self.dir.join(POINTS);
+        let len = std::fs::metadata(&path).map_err(io_err(&path))?.len();
+        let mut head = [0u8; format::POINTS_HEADER as usize];
+        File::open(&path)
+            .and_then(|f| f.read_exact_at(&mut head, 0))
+            .map_err(io_err(&path))?;
+        let header = PointsHeader::from_bytes(&head).map_err(|e| corrupt(&path, e))?;
+        let row_len = header.volumes as u64 * POINT_SIZE as u64;
+        Ok(len.saturating_sub(format::POINTS_HEADER) / row_len.max(1))
+    }
+
     /// The points of every volume, one interval (row) at a time: `(interval, [(volume, point,
     /// measured)])`. Reads the file sequentially.
     pub fn point_rows(
@@ -196,12 +209,17 @@ impl StoreReader {
     /// (folded exactly as the merger folds them), onto the volumes of `meta` (the merger's
     /// series, in the same order, whose points are empty). Memory: the folded points only.
     pub fn timeline(&self, keep: &Keep, meta: Timeline) -> Result<Timeline, StoreError> {
-        let mut kept: Vec<KeptPoints> = vec![KeptPoints::default(); meta.volumes.len()];
         let keep = Keep {
             in_memory: true,
             recent: 0,
             ..*keep
         };
+        // Room for exactly the folded points (a doubling Vec would hold up to twice them).
+        let rows = self.point_row_count()?;
+        let slots = rows.div_ceil(keep.fold.max(1)) as usize + 1;
+        let mut kept: Vec<KeptPoints> = (0..meta.volumes.len())
+            .map(|_| KeptPoints::with_room(slots))
+            .collect();
         for row in self.point_rows()? {
             let (interval, points) = row?;
             for (v, p, _) in points {
@@ -212,8 +230,10 @@ impl StoreReader {
         }
         let mut t = meta;
         t.interval_ms = keep.interval_ms * keep.fold;
-        for (s, k) in t.volumes.iter_mut().zip(&kept) {
-            s.points = k.all(&keep);
+        // Moved, not copied: a copy of 4 million points held both at once for a moment,
+        // which was the run's peak memory (docs/scale.md).
+        for (s, k) in t.volumes.iter_mut().zip(kept) {
+            s.points = k.into_all(&keep);
         }
         Ok(t)
     }
@@ -315,7 +335,7 @@ mod tests {
             .collect();
         order.push((2, 2));
         for (i, first) in order {
-            let mut b = ReportBlock::new(i, 1000, first, 2);
+            let mut b = ReportBlock::new(i, 1000, first, 2, 0);
             for v in first..first + 2 {
                 let lat = 1000 * (v as u64 + 1) + i;
                 let p = VolumePoint {
@@ -374,7 +394,7 @@ mod tests {
             }],
         );
         let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
-        let mut b = ReportBlock::new(0, 1000, 0, 1);
+        let mut b = ReportBlock::new(0, 1000, 0, 1, 0);
         b.add(0, &vi(&[5000; 10]));
         w.write(b);
         w.finish();
