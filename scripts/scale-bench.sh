@@ -3,7 +3,9 @@
 # for each size, N agents x VOLUMES volumes at 1 s intervals for DURATION, and one table row:
 # the coordinator's CPU seconds (user+sys, /usr/bin/time), per volume-interval, its peak RSS,
 # the time from `lockstep run` to the first complete interval, and the interval lag the run
-# loop measured (median, last 10 intervals, worst). A benchmark, not a test: the simulator
+# loop measured (median, last 10 intervals, worst), and in the status the steady CPU per
+# interval (the slope of the coordinator's CPU over the middle half of the run, without
+# connecting and the end of the run). A benchmark, not a test: the simulator
 # shares the machine with the coordinator (its CPU is printed too), so repeat runs to see the
 # noise. docs/scale.md has figures and what they mean.
 #
@@ -83,15 +85,29 @@ for n in $sizes; do
   prof=()
   [ -z "${PERF:-}" ] || prof=(perf record -q -g -F 499 -o "target/scratch/perf-n$n.data" --)
   /usr/bin/time -v -o "$dir/time.txt" "${prof[@]}" "$bin/lockstep" run "$out/plan.toml" \
-    --agents-file "$dir/agents.txt" --output "$dir/run" > "$dir/report.txt" 2> "$dir/live.txt"
-  rc=$?
+    --agents-file "$dir/agents.txt" --output "$dir/run" > "$dir/report.txt" 2> "$dir/live.txt" &
+  timer=$!
+  # The coordinator's CPU once a second (seconds since it started, CPU seconds so far): the
+  # steady cost per interval is the slope over the middle half of the run, without connecting
+  # and the end of the run, which dominate a short run's total.
+  t0=$(date +%s.%N); coord=""
+  while kill -0 "$timer" 2>/dev/null; do
+    [ -n "$coord" ] || coord=$(pgrep -n -x lockstep || true)
+    [ -z "$coord" ] || echo "$(echo "$(date +%s.%N) - $t0" | bc) $(cpu_of "$coord" 2>/dev/null)" >> "$dir/cpu.txt"
+    sleep 1
+  done
+  wait "$timer"; rc=$?
   set -e
   sim_cpu=0; for p in "${sims[@]}"; do sim_cpu=$(echo "$sim_cpu + $(cpu_of "$p")" | bc); done
   for p in "${sims[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  python3 - "$dir" "$n" "$volumes" "$rc" "$(echo "$sim_cpu - $sim_cpu0" | bc)" <<'PY'
+  python3 - "$dir" "$n" "$volumes" "$rc" "$(echo "$sim_cpu - $sim_cpu0" | bc)" "$interval" "$duration" <<'PY'
 import json, re, sys, os
 d, n, m, rc, sim_cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+def secs(x):
+    v, unit = re.fullmatch(r"([\d.]+)\s*(ms|s|m|h)?", x).groups()
+    return float(v) * {"ms": 1e-3, "s": 1, None: 1, "m": 60, "h": 3600}[unit]
+interval_s, duration_s = secs(sys.argv[6]), secs(sys.argv[7])
 t = open(os.path.join(d, "time.txt")).read()
 num = lambda key: float(re.search(re.escape(key) + r":\s*([\d.]+)", t).group(1))
 cpu = num("User time (seconds)") + num("System time (seconds)")
@@ -108,8 +124,25 @@ try:
         status += f", {data.get('histogram_digits', 3)} digits, histograms {per_vi:.0f} B/vol-iv on disk"
 except Exception as e:
     status = f"exit {rc}, no results.json"
+def steady(first_iv):
+    # CPU per interval over the middle half of the measured run: the run starts about one
+    # interval before its first interval completes.
+    try:
+        rows = [tuple(map(float, l.split())) for l in open(os.path.join(d, "cpu.txt")) if len(l.split()) == 2]
+    except OSError:
+        return None
+    start = first_iv - interval_s
+    a, b = start + duration_s / 4, start + 3 * duration_s / 4
+    inside = [r for r in rows if a <= r[0] <= b]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < interval_s:
+        return None
+    (t1, c1), (t2, c2) = inside[0], inside[-1]
+    return (c2 - c1) / (t2 - t1) * interval_s
 if m_lag:
     med, last, worst, ivs, first = m_lag.groups()
+    st = steady(float(first))
+    if st is not None:
+        status += f"; steady {st:.2f} s CPU per interval ({st / (n * m) * 1e6:.1f} us per volume-interval)"
     per = cpu / (n * m * int(ivs)) * 1e6
     row = (f"{n:<7} {m:<8} {cpu:<9.1f} {per:<8.1f} {rss_mib:<10.0f} {first + ' s':<9} "
            f"{med + ' ms':<10} {last + ' ms':<10} {worst + ' ms':<10} {sim_cpu:<8.1f} {status}")
