@@ -578,9 +578,7 @@ fn final_volumes(
     let encode = |parts: [(&Pool, &Vec<u32>); 2]| {
         let mut h = lockstep_core::stats::latency_histogram();
         for (pool, uses) in parts {
-            if !uses.is_empty() {
-                let _ = h.add(pool.total(uses));
-            }
+            pool.add_total(&mut h, uses);
         }
         if h.is_empty() {
             return None;
