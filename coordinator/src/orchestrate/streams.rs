@@ -83,6 +83,34 @@ impl AgentTrack {
     }
 }
 
+/// Past this many agents stalling in one tick, they get one line, not one each: a switch or a
+/// rack gone quiet in a cluster of 10,000 gave thousands of lines (docs/scale.md).
+const STALL_LINES: usize = 5;
+
+/// The live view's lines for the agents that went silent in one tick, `(agent, seconds)`.
+fn stall_lines(stalled: &[(String, f64)]) -> Vec<String> {
+    if stalled.len() <= STALL_LINES {
+        return stalled
+            .iter()
+            .map(|(name, s)| format!("agent {name} stalled: nothing for {s:.1}s"))
+            .collect();
+    }
+    let (lo, hi) = stalled
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &(_, s)| (lo.min(s), hi.max(s)));
+    let named: Vec<&str> = stalled
+        .iter()
+        .take(STALL_LINES)
+        .map(|s| s.0.as_str())
+        .collect();
+    vec![format!(
+        "{} agents stalled: nothing for {lo:.1}-{hi:.1}s ({} and {} more; results.json has each)",
+        stalled.len(),
+        named.join(", "),
+        stalled.len() - named.len()
+    )]
+}
+
 /// The streaming phase of a run.
 pub struct Streams<'a> {
     pub tracks: Vec<AgentTrack>,
@@ -318,6 +346,7 @@ impl<'a> Streams<'a> {
         obs.tick(&self.merger, self.phase_t0.elapsed());
         let silent_after = self.interval * 3 + Duration::from_secs(2);
         let started = Instant::now() > self.phase_t0;
+        let mut stalled = Vec::new();
         for &i in &self.prepared {
             let t = &mut self.tracks[i];
             if !t.finished
@@ -327,14 +356,16 @@ impl<'a> Streams<'a> {
                 && t.last_heard.elapsed() > silent_after
             {
                 t.stalled_warned = true;
-                let msg = format!(
-                    "agent {} stalled: nothing for {:.1}s",
-                    t.name,
-                    t.last_heard.elapsed().as_secs_f64()
-                );
-                t.errors.push(msg.clone());
-                obs.message(&msg);
+                let silent = t.last_heard.elapsed().as_secs_f64();
+                t.errors.push(format!(
+                    "agent {} stalled: nothing for {silent:.1}s",
+                    t.name
+                ));
+                stalled.push((t.name.clone(), silent));
             }
+        }
+        for line in stall_lines(&stalled) {
+            obs.message(&line);
         }
     }
 
@@ -450,6 +481,28 @@ mod tests {
         fn phase_started(&mut self, _: &str, _: Duration, _: bool) {}
         fn tick(&mut self, _: &Merger, _: Duration) {}
         fn phase_finished(&mut self, _: &str) {}
+    }
+
+    #[test]
+    fn a_few_stalled_agents_get_a_line_each_and_many_get_one_line() {
+        let few = [("a1".to_string(), 17.46), ("a2".to_string(), 18.0)];
+        assert_eq!(
+            stall_lines(&few),
+            [
+                "agent a1 stalled: nothing for 17.5s",
+                "agent a2 stalled: nothing for 18.0s"
+            ]
+        );
+        let many: Vec<(String, f64)> = (0..7)
+            .map(|i| (format!("agent-{i}"), 17.0 + i as f64 / 10.0))
+            .collect();
+        assert_eq!(
+            stall_lines(&many),
+            [
+                "7 agents stalled: nothing for 17.0-17.6s (agent-0, agent-1, agent-2, agent-3, \
+              agent-4 and 2 more; results.json has each)"
+            ]
+        );
     }
 
     fn phases() -> Vec<PhaseSpec> {
