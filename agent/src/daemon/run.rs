@@ -296,6 +296,7 @@ impl ActiveRun {
             origin: self.start_instant(),
             keep_files: self.setup.keep_files,
             catch_up: !m.no_catch_up,
+            stop: self.stop.clone(),
         };
         (
             cfg,

@@ -57,6 +57,8 @@ const CATCHUP_SLICE: Duration = Duration::from_micros(200);
 /// long without any ack it keeps waiting (a backup that is gone).
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
 const FINAL_QUIET: Duration = Duration::from_millis(500);
+/// A stopped run's wait for the backup to acknowledge the end of its files.
+const STOPPED_END_WAIT: Duration = Duration::from_millis(200);
 /// Sequence numbers of catch-up chunks carry this bit (writes count from 1, probes are 0),
 /// and the messages that end a file are `END_SEQ`.
 const CHUNK_BIT: u64 = 1 << 63;
@@ -86,6 +88,10 @@ pub struct LinkConfig {
     pub keep_files: bool,
     /// Resend what a returned backup missed (off: it stays behind, and the report says so).
     pub catch_up: bool,
+    /// The run's stop flag (an abort, a shutdown, the watchdog). A stopped run's link does not
+    /// wait for the last acks or a catch-up: the agent's shutdown allows 3 s in all for the IO
+    /// to stop and the files to be removed, and the drain alone could take 5 s and 1 s more.
+    pub stop: Arc<AtomicBool>,
 }
 
 /// A write handed over and not yet acknowledged.
@@ -476,6 +482,7 @@ impl Link {
                 let st = self.state.lock().unwrap();
                 let quiet = st.last_ack.unwrap_or(t0).max(t0);
                 if st.settled(self.cfg.catch_up)
+                    || self.cfg.stop.load(Ordering::Relaxed)
                     || now >= t0 + FINAL_DRAIN
                     || now >= quiet + FINAL_QUIET
                 {
@@ -503,7 +510,13 @@ impl Link {
             };
             queued += usize::from(tx.try_send(msg).is_ok());
         }
-        let until = Instant::now() + Duration::from_secs(1);
+        // Stopped: a moment for the backup to remove its files, not the full second.
+        let wait = if self.cfg.stop.load(Ordering::Relaxed) {
+            STOPPED_END_WAIT
+        } else {
+            Duration::from_secs(1)
+        };
+        let until = Instant::now() + wait;
         while st.ends_acked < queued && Instant::now() < until && st.tx.is_some() {
             st = self
                 .moved
