@@ -18,7 +18,7 @@ mod support;
 use std::time::Instant;
 
 use lockstep::results::merge::{Merger, PlannedVolume};
-use lockstep::results::store::{self, Manifest, ReportBlock, StoreWriter, StoredVolume};
+use lockstep::results::store::{self, Manifest, StoreWriter, StoredVolume};
 use lockstep::results::{RunResults, RunStatus};
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -116,7 +116,7 @@ fn main() {
                 })
                 .collect();
             let records = vis.iter().map(store::records_len).sum();
-            let mut block = ReportBlock::new(i, 1000, first, volumes as u32, records);
+            let mut block = writer.block(i, 1000, first, volumes as u32, records);
             for (v, vi) in vis.iter().enumerate() {
                 let p = merger.ingest(name, i, 1000, vi, true).expect("merge");
                 let id = first + v as u32;

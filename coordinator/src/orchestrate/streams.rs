@@ -12,7 +12,7 @@ use lockstep_proto::v1::{RunEvent, VolumeResult as WireVolumeResult, run_event};
 use super::run::{PhaseSpec, RunError, RunObserver};
 use crate::results::clock::{self, ClockEstimate};
 use crate::results::merge::Merger;
-use crate::results::store::{ReportBlock, StoreWriter, format::encode_point, records_len};
+use crate::results::store::{StoreWriter, format::encode_point, records_len};
 use crate::results::timeline::FaultWindow;
 use crate::results::{AgentState, Disconnection, PhaseResult};
 
@@ -211,8 +211,7 @@ impl<'a> Streams<'a> {
                 true => stored.iter().map(|s| records_len(s.1)).sum(),
                 false => 0,
             };
-            let mut block =
-                ReportBlock::new(iv.index, len_ms as u32, first, last - first + 1, records);
+            let mut block = store.block(iv.index, len_ms as u32, first, last - first + 1, records);
             for (id, v, point) in &stored {
                 block.add_point(*id, point);
                 // Warm-up intervals are on the timeline, not in the histograms (results count
