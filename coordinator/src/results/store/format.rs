@@ -62,10 +62,10 @@ impl Tag {
     }
 }
 
-/// Appends one histogram record to an uncompressed block.
 /// A record's bytes before its histogram: volume (4), tag (1), length (4).
 pub const RECORD_HEADER: usize = 9;
 
+/// Appends one histogram record to an uncompressed block.
 pub fn push_record(block: &mut Vec<u8>, volume: u32, tag: Tag, bytes: &[u8]) {
     block.extend_from_slice(&volume.to_le_bytes());
     block.push(tag.to_byte());

@@ -2,7 +2,7 @@
 //! block by block, so re-merging a group or a window never loads the run.
 
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -151,17 +151,17 @@ impl StoreReader {
         }))
     }
 
-    /// How many intervals (rows) `points.bin` holds.
-    fn point_row_count(&self) -> Result<u64, StoreError> {
+    /// `points.bin` opened, its header read, and how many whole rows (intervals) it holds.
+    fn open_points(&self) -> Result<(PathBuf, File, PointsHeader, u64), StoreError> {
         let path = self.dir.join(POINTS);
-        let len = std::fs::metadata(&path).map_err(io_err(&path))?.len();
+        let f = File::open(&path).map_err(io_err(&path))?;
         let mut head = [0u8; format::POINTS_HEADER as usize];
-        File::open(&path)
-            .and_then(|f| f.read_exact_at(&mut head, 0))
-            .map_err(io_err(&path))?;
+        f.read_exact_at(&mut head, 0).map_err(io_err(&path))?;
         let header = PointsHeader::from_bytes(&head).map_err(|e| corrupt(&path, e))?;
+        let len = f.metadata().map_err(io_err(&path))?.len();
         let row_len = header.volumes as u64 * POINT_SIZE as u64;
-        Ok(len.saturating_sub(format::POINTS_HEADER) / row_len.max(1))
+        let rows = len.saturating_sub(format::POINTS_HEADER) / row_len.max(1);
+        Ok((path, f, header, rows))
     }
 
     /// The points of every volume, one interval (row) at a time: `(interval, [(volume, point,
@@ -172,12 +172,10 @@ impl StoreReader {
         impl Iterator<Item = Result<(u64, Vec<(u32, VolumePoint, bool)>), StoreError>>,
         StoreError,
     > {
-        let path = self.dir.join(POINTS);
-        let f = File::open(&path).map_err(io_err(&path))?;
+        let (path, mut f, header, _) = self.open_points()?;
+        f.seek(io::SeekFrom::Start(format::POINTS_HEADER))
+            .map_err(io_err(&path))?;
         let mut r = BufReader::with_capacity(1 << 20, f);
-        let mut head = [0u8; format::POINTS_HEADER as usize];
-        r.read_exact(&mut head).map_err(io_err(&path))?;
-        let header = PointsHeader::from_bytes(&head).map_err(|e| corrupt(&path, e))?;
         let row_len = header.volumes as usize * POINT_SIZE;
         let mut row = vec![0u8; row_len];
         let mut interval = 0u64;
@@ -215,7 +213,7 @@ impl StoreReader {
             ..*keep
         };
         // Room for exactly the folded points (a doubling Vec would hold up to twice them).
-        let rows = self.point_row_count()?;
+        let (_, _, _, rows) = self.open_points()?;
         let slots = rows.div_ceil(keep.fold.max(1)) as usize + 1;
         let mut kept: Vec<KeptPoints> = (0..meta.volumes.len())
             .map(|_| KeptPoints::with_room(slots))
@@ -335,7 +333,7 @@ mod tests {
             .collect();
         order.push((2, 2));
         for (i, first) in order {
-            let mut b = ReportBlock::new(i, 1000, first, 2, 0);
+            let mut b = ReportBlock::new(i, 1000, first, 2);
             for v in first..first + 2 {
                 let lat = 1000 * (v as u64 + 1) + i;
                 let p = VolumePoint {
@@ -394,7 +392,7 @@ mod tests {
             }],
         );
         let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
-        let mut b = ReportBlock::new(0, 1000, 0, 1, 0);
+        let mut b = ReportBlock::new(0, 1000, 0, 1);
         b.add(0, &vi(&[5000; 10]));
         w.write(b);
         w.finish();

@@ -35,6 +35,8 @@ const QUEUE_BYTES: usize = 16 << 20;
 /// The size of the record buffers the queue starts with: 8 volumes' histograms at 2 digits
 /// (about 10 KiB) fit, and a larger report grows the buffer it gets once.
 const BUFFER: usize = 16 << 10;
+/// How many buffers the queue starts with and keeps for recycling.
+const BUFFERS: usize = QUEUE_BYTES / BUFFER;
 
 /// The bytes queued for the disk, a wait for room, and the record buffers coming back from
 /// the disk to be used again. The buffers are the queue's memory, allocated and touched when
@@ -62,7 +64,7 @@ impl Drop for CloseOnExit {
 
 impl Backlog {
     fn new() -> Self {
-        let free = (0..QUEUE_BYTES / BUFFER)
+        let free = (0..BUFFERS)
             .map(|_| {
                 let mut b = vec![0u8; BUFFER];
                 b.clear();
@@ -89,7 +91,7 @@ impl Backlog {
     fn recycle(&self, mut b: Vec<u8>) {
         b.clear();
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < QUEUE_BYTES / BUFFER {
+        if free.len() < BUFFERS {
             free.push(b);
         }
     }
@@ -111,14 +113,22 @@ impl Backlog {
     }
 }
 
+/// One volume's histograms as they go into a block's records: each non-empty one with its tag.
+fn histograms_of(vi: &VolumeInterval) -> impl Iterator<Item = (Tag, &[u8])> {
+    [(0u8, &vi.read), (1, &vi.write)]
+        .into_iter()
+        .filter_map(|(dir, d)| Some((dir, d.as_ref()?)))
+        .flat_map(|(dir, d)| {
+            [(false, &d.lat_hist), (true, &d.lat_intended_hist)]
+                .map(|(intended, bytes)| (Tag { dir, intended }, bytes.as_slice()))
+        })
+        .filter(|(_, bytes)| !bytes.is_empty())
+}
+
 /// The bytes one volume's histograms take in a block's records (`format::push_record`).
 pub fn records_len(vi: &VolumeInterval) -> usize {
-    [&vi.read, &vi.write]
-        .into_iter()
-        .flatten()
-        .flat_map(|d| [&d.lat_hist, &d.lat_intended_hist])
-        .filter(|b| !b.is_empty())
-        .map(|b| RECORD_HEADER + b.len())
+    histograms_of(vi)
+        .map(|(_, b)| RECORD_HEADER + b.len())
         .sum()
 }
 
@@ -135,34 +145,23 @@ pub struct ReportBlock {
 }
 
 impl ReportBlock {
-    /// A block for `volumes` of one agent, with room for `records_len` bytes of records (the
-    /// sum of their `records_len`: exact, so that a queued block holds no spare capacity).
-    pub fn new(
-        interval: u64,
-        len_ms: u32,
-        first_volume: u32,
-        volumes: u32,
-        records_len: usize,
-    ) -> Self {
+    /// A block for `volumes` of one agent, its records growing as they are added (a run takes
+    /// its blocks from `StoreWriter::block`, in recycled buffers sized for them).
+    pub fn new(interval: u64, len_ms: u32, first_volume: u32, volumes: u32) -> Self {
         ReportBlock {
             interval,
             len_ms,
             first_volume,
             volumes,
-            records: Vec::with_capacity(records_len),
+            records: Vec::new(),
             points: vec![0u8; volumes as usize * POINT_SIZE],
         }
     }
 
     /// Adds one volume's histograms, as the agent sent them.
     pub fn add(&mut self, volume: u32, vi: &VolumeInterval) {
-        for (dir, d) in [(0u8, &vi.read), (1, &vi.write)] {
-            let Some(d) = d else { continue };
-            for (intended, bytes) in [(false, &d.lat_hist), (true, &d.lat_intended_hist)] {
-                if !bytes.is_empty() {
-                    push_record(&mut self.records, volume, Tag { dir, intended }, bytes);
-                }
-            }
+        for (tag, bytes) in histograms_of(vi) {
+            push_record(&mut self.records, volume, tag, bytes);
         }
     }
 
@@ -266,7 +265,7 @@ impl StoreWriter {
     ) -> ReportBlock {
         ReportBlock {
             records: self.backlog.buffer(records_len),
-            ..ReportBlock::new(interval, len_ms, first_volume, volumes, 0)
+            ..ReportBlock::new(interval, len_ms, first_volume, volumes)
         }
     }
 
@@ -390,7 +389,7 @@ mod tests {
         }];
         let w =
             StoreWriter::create(&dir.path().join(DATA_DIR), &Manifest::new(1000, vols)).unwrap();
-        let blocks = 3 * QUEUE_BYTES / BUFFER;
+        let blocks = 3 * BUFFERS;
         let len = |i: usize| 100 + (i * 7919) % (3 * BUFFER);
         for i in 0..blocks {
             let vi = volume_interval(i as u8, len(i));
