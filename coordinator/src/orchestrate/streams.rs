@@ -87,12 +87,17 @@ impl AgentTrack {
 /// rack gone quiet in a cluster of 10,000 gave thousands of lines (docs/scale.md).
 const STALL_LINES: usize = 5;
 
+/// One agent's stall, as its error and as a line of the live view.
+fn stall_message(agent: &str, silent_s: f64) -> String {
+    format!("agent {agent} stalled: nothing for {silent_s:.1}s")
+}
+
 /// The live view's lines for the agents that went silent in one tick, `(agent, seconds)`.
 fn stall_lines(stalled: &[(String, f64)]) -> Vec<String> {
     if stalled.len() <= STALL_LINES {
         return stalled
             .iter()
-            .map(|(name, s)| format!("agent {name} stalled: nothing for {s:.1}s"))
+            .map(|(name, s)| stall_message(name, *s))
             .collect();
     }
     let (lo, hi) = stalled
@@ -356,10 +361,7 @@ impl<'a> Streams<'a> {
             {
                 t.stalled_warned = true;
                 let silent = t.last_heard.elapsed().as_secs_f64();
-                t.errors.push(format!(
-                    "agent {} stalled: nothing for {silent:.1}s",
-                    t.name
-                ));
+                t.errors.push(stall_message(&t.name, silent));
                 stalled.push((t.name.clone(), silent));
             }
         }
