@@ -311,14 +311,20 @@ pub fn mirror_file_path(volume: &Path, run_id: &str, primary: &str, file: &str) 
 mod tests {
     use super::*;
 
-    /// A file no stream uses goes after the orphan delay, unless a stream came back for it.
-    #[tokio::test]
-    async fn an_orphaned_mirror_file_goes_unless_its_primary_comes_back() {
+    /// A backup volume `data` in a directory of its own (kept while the guard lives).
+    fn data_volume() -> (tempfile::TempDir, MirrorVolume) {
         let dir = tempfile::tempdir().unwrap();
         let vol = MirrorVolume {
             name: "data".into(),
             path: dir.path().to_path_buf(),
         };
+        (dir, vol)
+    }
+
+    /// A file no stream uses goes after the orphan delay, unless a stream came back for it.
+    #[tokio::test]
+    async fn an_orphaned_mirror_file_goes_unless_its_primary_comes_back() {
+        let (_dir, vol) = data_volume();
         let w = |run: &str| MirrorWrite {
             run_id: run.into(),
             primary: "a/data".into(),
@@ -345,11 +351,7 @@ mod tests {
     /// the first one's file nor end (remove) it.
     #[tokio::test]
     async fn a_primary_cannot_take_over_a_colliding_mirror_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let vol = MirrorVolume {
-            name: "data".into(),
-            path: dir.path().to_path_buf(),
-        };
+        let (_dir, vol) = data_volume();
         let w = |primary: &str, file: &str| MirrorWrite {
             run_id: "collide".into(),
             primary: primary.into(),
