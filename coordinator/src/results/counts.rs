@@ -335,24 +335,46 @@ impl DenseCounts {
         Ok(())
     }
 
+    fn same_geometry(&mut self, geometry: Geometry) -> Result<(), HistogramCodecError> {
+        match self.geometry {
+            Some(g) if g != geometry => Err(HistogramCodecError::Decode(format!(
+                "cannot merge histograms of different precision ({g:?} vs {geometry:?})"
+            ))),
+            _ => {
+                self.geometry = Some(geometry);
+                Ok(())
+            }
+        }
+    }
+
     fn prepare(
         &mut self,
         geometry: Geometry,
         buckets: &[(u32, u64)],
     ) -> Result<(), HistogramCodecError> {
-        match self.geometry {
-            Some(g) if g != geometry => {
-                return Err(HistogramCodecError::Decode(format!(
-                    "cannot merge histograms of different precision ({g:?} vs {geometry:?})"
-                )));
-            }
-            _ => self.geometry = Some(geometry),
-        }
+        self.same_geometry(geometry)?;
         if let Some(&(last, _)) = buckets.last()
             && self.counts.len() <= last as usize
         {
             self.counts.resize(last as usize + 1, 0);
         }
+        Ok(())
+    }
+
+    /// Adds every count of `other` (of the same geometry): a folded cluster point's counts
+    /// are its intervals' counts added, so its percentiles are exact.
+    pub fn absorb(&mut self, other: &DenseCounts) -> Result<(), HistogramCodecError> {
+        let Some(g) = other.geometry else {
+            return Ok(());
+        };
+        self.same_geometry(g)?;
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
+        for (mine, &c) in self.counts.iter_mut().zip(&other.counts) {
+            *mine += c;
+        }
+        self.total += other.total;
         Ok(())
     }
 

@@ -284,9 +284,11 @@ impl Merger {
     }
 
     /// Sizes the points kept in memory for a run of `intervals` planned intervals
-    /// (results/keeper.rs): without it every interval's point is kept.
+    /// (results/keeper.rs), and the cluster's intervals alike: without it every interval's
+    /// point is kept.
     pub fn planned_intervals(mut self, intervals: u64) -> Self {
         self.keep = Keep::for_run(self.interval_ms, intervals, self.volumes.len());
+        self.cluster = ClusterIntervals::new(self.interval_ms).folded(self.keep.fold);
         self
     }
 
@@ -428,7 +430,7 @@ impl Merger {
         if !measured {
             return Ok(point);
         }
-        self.cluster.close_behind(index);
+        self.cluster.close_behind(index).map_err(err)?;
         Ok(point)
     }
 
@@ -522,7 +524,7 @@ impl Merger {
                 summary: summarize(&n, seconds)?,
             });
         }
-        let cluster_timeline = self.cluster.points();
+        let cluster_timeline = self.cluster.points()?;
         Ok(Finished {
             cluster: summarize(&cluster.finish(), seconds)?,
             nodes,
