@@ -85,11 +85,14 @@ fn run_style() -> ProgressStyle {
         .expect("static template")
 }
 
+/// The volume with the highest p99 in its newest interval. Named once found: naming every
+/// volume on every tick was 80,000 strings a second at 10,000 agents.
 fn worst_volume(merger: &Merger) -> Option<(String, f64)> {
     merger
         .latest()
-        .filter_map(|(s, p)| p.map(|p| (format!("{}/{}", s.node, s.volume), p.lat_p99_us)))
+        .filter_map(|(s, p)| p.map(|p| (s, p.lat_p99_us)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(s, p99)| (format!("{}/{}", s.node, s.volume), p99))
 }
 
 impl RunObserver for LiveView {
