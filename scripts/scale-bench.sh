@@ -23,8 +23,9 @@ duration=${DURATION:-60s}
 interval=${INTERVAL:-1s}
 digits=${DIGITS:-3}
 base_port=${BASE_PORT:-20000}
-cargo build --release --workspace --bins -q
-bin=target/release
+# BIN=DIR: the binaries of DIR instead of this checkout's release build (to pair two builds).
+if [ -z "${BIN:-}" ]; then cargo build --release --workspace --bins -q; fi
+bin=${BIN:-target/release}
 out=$(mkdir -p target/scratch && mktemp -d -p target/scratch scale-bench.XXXX)
 sims=()
 cleanup() {
@@ -152,7 +153,7 @@ print(row, flush=True)
 PY
   if [ -n "${PERF:-}" ]; then
     perf report -q -i "target/scratch/perf-n$n.data" --no-children --sort symbol 2>/dev/null \
-      | grep -v '^$' | grep -v '^ *|' | grep -v '^ *-' | head -40
+      | grep -v '^$' | grep -v '^ *|' | grep -v '^ *-' | head -40 || true
   fi
   # A run that failed (exit 2 and up: an error, a panic), or whose simulator panicked, keeps
   # its logs, not its data files: the coordinator's stderr (live.txt), the simulators'
