@@ -331,12 +331,17 @@ fn an_agent_that_loses_its_coordinator_stops_its_io_after_the_grace_period() {
         .unwrap();
     let idle = wait_for(Duration::from_secs(5), || {
         rt.block_on(async {
-            lockstep::orchestrate::client::connect("a1", &addr, None)
-                .await
-                .unwrap()
-                .hello
-                .busy_with_run
-                .is_empty()
+            lockstep::orchestrate::client::connect(
+                "a1",
+                &addr,
+                None,
+                lockstep::orchestrate::client::KEEPALIVE,
+            )
+            .await
+            .unwrap()
+            .hello
+            .busy_with_run
+            .is_empty()
         })
     });
     assert!(idle, "the agent still claims a run after stopping it");

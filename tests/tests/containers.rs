@@ -133,7 +133,8 @@ fn a_paused_agent_container_is_reported_and_stops_its_own_io_after_the_grace_per
     std::thread::sleep(Duration::from_secs(2));
     c.pause("agent-3");
     let paused_at = Instant::now();
-    // Frozen longer than the coordinator's keepalive (1 s pings, 3 s timeout) tolerates.
+    // Frozen longer than the coordinator's keepalive tolerates (a ping after 2 s without a
+    // report at 1 s intervals, 3 s for its answer: client::keepalive_for).
     std::thread::sleep(Duration::from_secs(6));
     c.unpause("agent-3");
     let r = finish(&mut run, &out, Duration::from_secs(60));
@@ -204,7 +205,7 @@ fn an_agent_cut_off_from_the_network_stops_its_own_io_after_the_grace_period() {
     let c = Cluster::start(4, &["--grace", "2s"]);
     let out = c.scratch.path().join("run");
     // Long enough that the cut-off agent would still be running at the end without the rule.
-    let mut run = c.spawn_run(&plan(c.scratch.path(), "14s"), &out);
+    let mut run = c.spawn_run(&plan(c.scratch.path(), "20s"), &out);
     wait_running(&c);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(c.run_state_inside("agent-4"), Some(2));
@@ -215,8 +216,9 @@ fn an_agent_cut_off_from_the_network_stops_its_own_io_after_the_grace_period() {
     c.disconnect("agent-4");
     let cut = Instant::now();
     // Seen from inside the container: the run state goes back to idle and the work files go,
-    // while the rest of the cluster is still running (keepalive ~4 s + grace 2 s < 14 s).
-    let stopped = wait_for(Duration::from_secs(12), || {
+    // while the rest of the cluster is still running (the agent's keepalive notices the cut
+    // within 8 s, then grace 2 s: well within the 20 s run).
+    let stopped = wait_for(Duration::from_secs(14), || {
         c.run_state_inside("agent-4") == Some(0)
     });
     let stopped_after = cut.elapsed();
@@ -272,7 +274,7 @@ fn an_agent_cut_off_briefly_is_reattached_and_nothing_is_missing() {
     std::thread::sleep(Duration::from_secs(2));
     c.disconnect("agent-2");
     let cut = Instant::now();
-    // Longer than the keepalive (1 s pings, 3 s timeout), shorter than the grace.
+    // Longer than the coordinator's keepalive (5 s at 1 s intervals), shorter than the grace.
     std::thread::sleep(Duration::from_secs(6));
     c.reconnect("agent-2");
     let healed = cut.elapsed();

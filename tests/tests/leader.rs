@@ -125,9 +125,14 @@ fn a_standby_takes_over_when_the_leader_dies_mid_run_and_results_json_says_so() 
     assert_eq!(s.agents.len(), 2);
     // Running on both agents.
     let busy = |addr: &str, name: &str| {
-        rt.block_on(lockstep::orchestrate::client::connect(name, addr, None))
-            .map(|c| c.hello.busy_with_run)
-            .unwrap_or_default()
+        rt.block_on(lockstep::orchestrate::client::connect(
+            name,
+            addr,
+            None,
+            lockstep::orchestrate::client::KEEPALIVE,
+        ))
+        .map(|c| c.hello.busy_with_run)
+        .unwrap_or_default()
     };
     assert!(wait_for(Duration::from_secs(10), || busy(&addrs[0], "a1")
         == id

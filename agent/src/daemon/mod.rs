@@ -1013,8 +1013,8 @@ pub async fn serve(
         builder = builder.tls_config(tls)?;
     }
     builder
-        .http2_keepalive_interval(Some(Duration::from_secs(1)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -1030,6 +1030,17 @@ impl Drop for StopOnDrop {
         }
     }
 }
+
+/// How long the agent's connections go without reading anything before the agent pings the
+/// coordinator. During a run the agent only sends (its interval reports), so this is how
+/// often it pings: every 5 s, and a coordinator cut off is noticed within 8 s of the cut
+/// (then `--grace` runs). Every second, as before, it was 10,000 pings a second into a
+/// coordinator of 10,000 agents, each woken, timed and answered: most of that coordinator's
+/// CPU between intervals (docs/scale.md, "Keepalive"). A coordinator that exits closes its
+/// connections and is noticed at once.
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection is given up.
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a shutdown waits for the layout or run in progress to stop and remove its files. An
 /// abort takes well under a second; this bound only matters for a device that stopped

@@ -265,8 +265,8 @@ async fn serve_one(
         let _ = lose.wait_for(|l| *l).await;
     };
     let served = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(1)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+        .http2_keepalive_interval(Some(crate::daemon::KEEPALIVE))
+        .http2_keepalive_timeout(Some(crate::daemon::KEEPALIVE_TIMEOUT))
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, closed)
         .await;

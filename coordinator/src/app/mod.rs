@@ -148,7 +148,8 @@ async fn discover(
         agents.iter().map(|(name, address, _)| {
             let (name, address, token) = (name.clone(), address.clone(), token.map(String::from));
             async move {
-                crate::orchestrate::client::connect(&name, &address, token.as_deref())
+                use crate::orchestrate::client::{KEEPALIVE, connect};
+                connect(&name, &address, token.as_deref(), KEEPALIVE)
                     .await
                     .map(|c| c.hello)
             }

@@ -309,7 +309,8 @@ async fn connect_all(
         spec.agents.iter().map(|a| {
             let token = spec.token.clone();
             let (name, address) = (a.name.clone(), a.address.clone());
-            async move { client::connect(&name, &address, token.as_deref()).await }
+            let keepalive = client::keepalive_for(spec.interval);
+            async move { client::connect(&name, &address, token.as_deref(), keepalive).await }
         }),
     )
     .await;

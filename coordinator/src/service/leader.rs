@@ -20,6 +20,7 @@
 //!
 //! A leader whose lease cannot be renewed exits: under systemd it restarts as a standby.
 
+use crate::orchestrate::client;
 use crate::plan::{AgentInfo, Assignment, Plan};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -555,10 +556,9 @@ async fn take_over(
     let mut per_agent = Vec::new();
     let mut agent_results = Vec::new();
     for a in &run.agents {
+        let token = opts.token.as_deref();
         let (what, hello) =
-            match crate::orchestrate::client::connect(&a.name, &a.address, opts.token.as_deref())
-                .await
-            {
+            match client::connect(&a.name, &a.address, token, client::KEEPALIVE).await {
                 Ok(mut c) => {
                     let was_running = c.hello.busy_with_run == run.run_id;
                     let req = AbortRequest {
