@@ -265,9 +265,27 @@ fn main() {
         "  finish (volume, node, cluster summaries): wall {finish_s:.3} s, CPU {finish_cpu:.3} s"
     );
     println!("  peak memory after merging: {rss_after_merge:.0} MiB");
+    live_finder(&merger);
     if !flag("--skip-report") {
         report_times(&merger, fin, intervals);
     }
+}
+
+/// What the live view's chokepoint finder costs the run loop each time it looks: copying the
+/// recent window out of the merger, then the analysis (app/live.rs).
+fn live_finder(merger: &Merger) {
+    use lockstep::analysis::chokepoint::{AnalysisOptions, analyze};
+    let c = cpu_s();
+    let window = merger.recent_timeline();
+    let copy = cpu_s() - c;
+    let c = cpu_s();
+    let report = analyze(&window, &AnalysisOptions::default());
+    let analysis = cpu_s() - c;
+    let points = window.volumes.first().map_or(0, |v| v.points.len());
+    println!(
+        "  live finder on the recent window ({points} intervals a volume): copy {copy:.3} s, analysis {analysis:.3} s of CPU ({} volumes scored)",
+        report.volumes.len()
+    );
 }
 
 /// A results directory of this size, then `lockstep report` on it.

@@ -25,6 +25,8 @@ pub struct LiveView {
     total: Duration,
     last_line: Instant,
     last_suspect: Instant,
+    /// How long until the live finder looks again (`analysis_pause`).
+    suspect_every: Duration,
     /// The chokepoint verdict line and the credit cliffs ahead (`chokepoint::live_lines`).
     suspect: Vec<String>,
     /// The suspect last printed as log lines (printed again only when it changes).
@@ -38,6 +40,19 @@ pub struct LiveView {
 
 /// At most one progress line this often where there is no terminal (CI logs).
 const LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// How often the live chokepoint finder looks at the recent window, at most.
+const SUSPECT_EVERY: Duration = Duration::from_secs(5);
+
+/// The pause after a live analysis that took `took`: `SUSPECT_EVERY`, or long enough that the
+/// finder has at most 5% of the run loop's time. It runs on the loop that merges the
+/// intervals, and at 80,000 volumes copying and analyzing the window takes 0.5 s of CPU
+/// (`merge_bench --agents 10000 --digits 2`; docs/scale.md, "Keepalive"): every 5 s that
+/// was a fifth of a 1 s interval's 0.5 s goal. The final analysis, over the whole run, is
+/// unaffected.
+fn analysis_pause(took: Duration) -> Duration {
+    SUSPECT_EVERY.max(took * 20)
+}
 
 impl LiveView {
     /// `total`: the run's length; `quiet`: no output at all (e.g. `--json` to a pipe).
@@ -55,6 +70,7 @@ impl LiveView {
             total,
             last_line: Instant::now(),
             last_suspect: Instant::now(),
+            suspect_every: SUSPECT_EVERY,
             suspect: Vec::new(),
             printed_suspect: Vec::new(),
             quiet,
@@ -119,10 +135,12 @@ impl RunObserver for LiveView {
         let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else {
             return;
         };
-        if self.last_suspect.elapsed() > Duration::from_secs(5) {
-            self.last_suspect = Instant::now();
+        if self.last_suspect.elapsed() > self.suspect_every {
+            let began = Instant::now();
             let report = chokepoint::analyze(&merger.recent_timeline(), &self.analysis);
             self.suspect = crate::export::text::chokepoint::live_lines(&report, 2);
+            self.last_suspect = Instant::now();
+            self.suspect_every = analysis_pause(began.elapsed());
         }
         let worst = worst_volume(merger)
             .map(|(v, p99)| format!(" | worst {v} p99 {:.2} ms", p99 / 1000.0))
@@ -205,5 +223,20 @@ impl RunObserver for LiveView {
             m.state.set(2);
         }
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_finder_takes_at_most_a_twentieth_of_the_loop() {
+        assert_eq!(analysis_pause(Duration::from_millis(3)), SUSPECT_EVERY);
+        assert_eq!(analysis_pause(Duration::from_millis(250)), SUSPECT_EVERY);
+        let took = Duration::from_millis(600);
+        let pause = analysis_pause(took);
+        assert_eq!(pause, Duration::from_secs(12));
+        assert!(took.as_secs_f64() / (took + pause).as_secs_f64() <= 0.05);
     }
 }
