@@ -91,6 +91,22 @@ struct Open {
     lat: DenseCounts,
 }
 
+impl Open {
+    /// Its point, ending at `t_ms`, with the percentiles of its counts so far.
+    fn point(&self, t_ms: u64) -> ClusterPoint {
+        self.sums.point(t_ms, self.lat.quantiles(CLUSTER_QS))
+    }
+
+    /// Its record once closed as `index`: the counts dropped, the percentiles kept.
+    fn closed(&self, index: u64) -> Closed {
+        Closed {
+            index,
+            sums: self.sums,
+            q: self.lat.quantiles(CLUSTER_QS),
+        }
+    }
+}
+
 /// The closed records, and the folded one still taking closed intervals.
 #[derive(Debug, Clone)]
 struct Closing {
@@ -122,12 +138,7 @@ impl Closing {
     fn close(&mut self, index: u64, open: Open) -> Result<(), HistogramCodecError> {
         let key = index / self.fold;
         if self.fold <= 1 {
-            let q = open.lat.quantiles(CLUSTER_QS);
-            self.keep(Closed {
-                index: key,
-                sums: open.sums,
-                q,
-            });
+            self.keep(open.closed(key));
             return Ok(());
         }
         match &mut self.filling {
@@ -139,14 +150,7 @@ impl Closing {
             // around it were filled.
             Some((k, _)) if key < *k => match self.find(key) {
                 Ok(at) => self.closed[at].sums.follow(&open.sums),
-                Err(_) => {
-                    let q = open.lat.quantiles(CLUSTER_QS);
-                    self.keep(Closed {
-                        index: key,
-                        sums: open.sums,
-                        q,
-                    });
-                }
+                Err(_) => self.keep(open.closed(key)),
             },
             _ => {
                 self.flush();
@@ -159,12 +163,7 @@ impl Closing {
     /// Closes the record being filled.
     fn flush(&mut self) {
         if let Some((index, f)) = self.filling.take() {
-            let q = f.lat.quantiles(CLUSTER_QS);
-            self.keep(Closed {
-                index,
-                sums: f.sums,
-                q,
-            });
+            self.keep(f.closed(index));
         }
     }
 
@@ -269,13 +268,13 @@ impl ClusterIntervals {
     /// record's once it closed into one.
     pub fn point(&self, index: u64) -> Option<ClusterPoint> {
         if let Some(o) = self.open.get(&index) {
-            return Some(o.sums.point(self.t_ms(index), o.lat.quantiles(CLUSTER_QS)));
+            return Some(o.point(self.t_ms(index)));
         }
         let c = &self.closing;
         let key = index / c.fold;
         let end = (key + 1) * c.fold * self.interval_ms;
         if let Some((_, f)) = c.filling.as_ref().filter(|(k, _)| *k == key) {
-            return Some(f.sums.point(end, f.lat.quantiles(CLUSTER_QS)));
+            return Some(f.point(end));
         }
         let r = &c.closed[c.find(key).ok()?];
         Some(r.sums.point(end, r.q))
@@ -312,12 +311,12 @@ impl ClusterIntervals {
         let mut open = self.open.iter().peekable();
         for c in closed {
             while let Some((&i, o)) = open.next_if(|&(&i, _)| i < c.index) {
-                out.push(o.sums.point(self.t_ms(i), o.lat.quantiles(CLUSTER_QS)));
+                out.push(o.point(self.t_ms(i)));
             }
             out.push(c.sums.point(self.t_ms(c.index), c.q));
         }
         for (&i, o) in open {
-            out.push(o.sums.point(self.t_ms(i), o.lat.quantiles(CLUSTER_QS)));
+            out.push(o.point(self.t_ms(i)));
         }
         out
     }
