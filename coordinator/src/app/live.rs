@@ -24,9 +24,8 @@ pub struct LiveView {
     bar: Option<ProgressBar>,
     total: Duration,
     last_line: Instant,
-    last_suspect: Instant,
-    /// How long until the live finder looks again (`analysis_pause`).
-    suspect_every: Duration,
+    /// When the live finder looks again (`analysis_pause` after its last look).
+    next_suspect: Instant,
     /// The chokepoint verdict line and the credit cliffs ahead (`chokepoint::live_lines`).
     suspect: Vec<String>,
     /// The suspect last printed as log lines (printed again only when it changes).
@@ -69,8 +68,7 @@ impl LiveView {
             bar,
             total,
             last_line: Instant::now(),
-            last_suspect: Instant::now(),
-            suspect_every: SUSPECT_EVERY,
+            next_suspect: Instant::now() + SUSPECT_EVERY,
             suspect: Vec::new(),
             printed_suspect: Vec::new(),
             quiet,
@@ -135,12 +133,11 @@ impl RunObserver for LiveView {
         let Some(c) = merger.cluster_point(latest.saturating_sub(1)) else {
             return;
         };
-        if self.last_suspect.elapsed() > self.suspect_every {
+        if Instant::now() > self.next_suspect {
             let began = Instant::now();
             let report = chokepoint::analyze(&merger.recent_timeline(), &self.analysis);
             self.suspect = crate::export::text::chokepoint::live_lines(&report, 2);
-            self.last_suspect = Instant::now();
-            self.suspect_every = analysis_pause(began.elapsed());
+            self.next_suspect = Instant::now() + analysis_pause(began.elapsed());
         }
         let worst = worst_volume(merger)
             .map(|(v, p99)| format!(" | worst {v} p99 {:.2} ms", p99 / 1000.0))
