@@ -29,6 +29,12 @@ pub enum Admission {
 pub trait IoGate: Send {
     fn admit(&mut self, now_ns: u64, dir: Direction, len: u64) -> Admission;
     fn charge(&mut self, now_ns: u64, dir: Direction, len: u64);
+    /// The instant the caller's ns count from, told once before the first `admit`. Gates on
+    /// the caller's clock ignore it; a gate shared with loops that began at other instants
+    /// (an instance's volumes) needs it to put every loop on one clock: inferring it from the
+    /// first `admit` is off by however long the caller's "now" was stale, which on a loaded
+    /// host is tens of milliseconds, enough to let one volume run ahead of the shared queue.
+    fn origin(&mut self, _t0: std::time::Instant) {}
 }
 
 /// What happens to one IO.

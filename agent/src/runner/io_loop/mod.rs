@@ -233,6 +233,10 @@ impl<'a> IoLoop<'a> {
         };
         let last_wait = Instant::now();
         let t0 = Instant::now();
+        let mut gate = gate;
+        if let Some(g) = gate.as_mut() {
+            g.origin(t0);
+        }
         let interval = ctx.opts.interval;
         let next_intended = rate
             .as_mut()
