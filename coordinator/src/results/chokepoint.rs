@@ -217,6 +217,11 @@ pub struct NodeVerdict {
 pub struct NodeCeiling {
     pub value: f64,
     pub unit: String,
+    /// How many of the node's volumes the flat sum is over: the slowed ones, or all of them
+    /// when one took an uneven share of the limit and was not slowed itself. 0 in results
+    /// written before it was kept: the slowed ones.
+    #[serde(default)]
+    pub volumes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1717,12 +1717,10 @@ fn node_verdict(
         0.0,
         0.0,
     );
-    let mut node_mb = BTreeMap::<usize, f64>::new();
     for &(v, _) in group {
         for (i, p) in ctx.points(v, onset, end) {
             let rel = relative(p, ctx.stats(v, i), ctx.opts);
             *node_iops.entry(i).or_default() += p.iops();
-            *node_mb.entry(i).or_default() += interval_mb_s(p);
             *node_peer.entry(i).or_default() += rel.peer_iops.unwrap_or(0.0);
             if let (true, Some(pl)) = (has_latency(p), rel.peer_lat) {
                 lat += p.lat_mean_us;
@@ -1730,13 +1728,16 @@ fn node_verdict(
             }
         }
     }
-    let mut totals: Vec<f64> = node_iops.values().copied().collect();
-    let iops = mean(&totals);
-    let iops_cv = stats::robust_cv(&mut totals).unwrap_or(0.0);
-    let mut mb: Vec<f64> = node_mb.values().copied().collect();
-    let mb_s = mean(&mb);
-    let mb_s_cv = stats::robust_cv(&mut mb).unwrap_or(0.0);
-    let ceiling = node_ceiling(ctx.opts, (mb_s, mb_s_cv), (iops, iops_cv), totals.len());
+    let slowed = NodeSums::of(ctx, group.iter().map(|&(v, _)| v), onset, end);
+    let (iops, iops_cv, mb_s, mb_s_cv) = (slowed.iops, slowed.iops_cv, slowed.mb_s, slowed.mb_s_cv);
+    let mut ceiling = slowed.ceiling(ctx.opts, group.len());
+    if ceiling.is_none() && group.len() < total {
+        // An instance's ceiling holds the sum of ALL its volumes, and it need not be shared
+        // evenly: a volume that takes more than its peers' rate is not slowed, yet its share
+        // is part of the flat sum that shows the limit.
+        let all = (0..ctx.t.volumes.len()).filter(|&v| ctx.t.volumes[v].node == node);
+        ceiling = NodeSums::of(ctx, all, onset, end).ceiling(ctx.opts, total);
+    }
     let peer_iops = mean(&node_peer.values().copied().collect::<Vec<_>>());
     let cluster = mean(
         &node_iops
@@ -1776,6 +1777,49 @@ fn interval_mb_s(p: &VolumePoint) -> f64 {
     (p.bytes[0] + p.bytes[1]) as f64 / 1e3 / p.len_ms as f64
 }
 
+/// A set of a node's volumes summed interval by interval over a slowdown: the mean and robust
+/// spread of the sums.
+struct NodeSums {
+    iops: f64,
+    iops_cv: f64,
+    mb_s: f64,
+    mb_s_cv: f64,
+    intervals: usize,
+}
+
+impl NodeSums {
+    fn of(ctx: &Ctx, volumes: impl Iterator<Item = usize>, onset: usize, end: usize) -> Self {
+        let (mut iops, mut mb) = (BTreeMap::<usize, f64>::new(), BTreeMap::<usize, f64>::new());
+        for v in volumes {
+            for (i, p) in ctx.points(v, onset, end) {
+                *iops.entry(i).or_default() += p.iops();
+                *mb.entry(i).or_default() += interval_mb_s(p);
+            }
+        }
+        let mut iops: Vec<f64> = iops.into_values().collect();
+        let mut mb: Vec<f64> = mb.into_values().collect();
+        NodeSums {
+            iops: mean(&iops),
+            mb_s: mean(&mb),
+            intervals: iops.len(),
+            iops_cv: stats::robust_cv(&mut iops).unwrap_or(0.0),
+            mb_s_cv: stats::robust_cv(&mut mb).unwrap_or(0.0),
+        }
+    }
+
+    /// The ceiling these `volumes` sat at together, if their sum was flat.
+    fn ceiling(&self, opts: &AnalysisOptions, volumes: usize) -> Option<NodeCeiling> {
+        let mut c = node_ceiling(
+            opts,
+            (self.mb_s, self.mb_s_cv),
+            (self.iops, self.iops_cv),
+            self.intervals,
+        )?;
+        c.volumes = volumes;
+        Some(c)
+    }
+}
+
 /// Intervals of a node's sum it takes to call it flat: fewer could be flat by chance.
 const CEILING_MIN_INTERVALS: usize = 3;
 
@@ -1805,11 +1849,13 @@ fn node_ceiling(
         Some(NodeCeiling {
             value: mb_s,
             unit: "MB/s".into(),
+            volumes: 0,
         })
     } else if iops > 0.0 && iops_cv <= opts.throttle_cv {
         Some(NodeCeiling {
             value: iops,
             unit: "IOPS".into(),
+            volumes: 0,
         })
     } else {
         None

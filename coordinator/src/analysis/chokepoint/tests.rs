@@ -319,6 +319,49 @@ fn a_node_pinned_at_a_shared_bandwidth_ceiling_is_named_an_instance_limit() {
 }
 
 #[test]
+fn a_shared_ceiling_taken_unevenly_is_still_the_nodes_instance_limit() {
+    // From interval 150 worker-2's four volumes share 9,000 IOPS, but not evenly: /data0
+    // keeps its peers' ~8,000 (not slowed), the other three share the rest. Their own sum
+    // moves as /data0's share does; the sum of all four is flat.
+    let mut t = shared_ceiling(9_000.0, 0.0);
+    for k in 150..300 {
+        let first = (8_000.0 * jitter(99, k, 0.05)).round() as u64;
+        let rest = 9_000 - first;
+        let w: Vec<f64> = (5..8).map(|v| jitter(v, k, 0.3)).collect();
+        let sum: f64 = w.iter().sum();
+        let mut given = 0;
+        for (j, v) in (4..8).enumerate() {
+            let p = &mut t.volumes[v].points[k];
+            p.ios[0] = match j {
+                0 => first,
+                3 => rest - given,
+                _ => (rest as f64 * w[j - 1] / sum).round() as u64,
+            };
+            given += if j > 0 { p.ios[0] } else { 0 };
+            p.lat_mean_us = 8.0 / p.ios[0] as f64 * 1e6;
+            p.bytes[0] = p.ios[0] << 20;
+        }
+    }
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(n.node, "worker-2", "{n:?}");
+    assert_eq!(n.volumes, ["/data1", "/data2", "/data3"], "{n:?}");
+    assert!(n.iops_cv > 0.03, "the slowed three's own sum moves: {n:?}");
+    let c = n.ceiling.as_ref().expect("the ceiling of all four");
+    assert_eq!(c.volumes, 4, "{c:?}");
+    assert!((c.value - 9_437.2).abs() < 50.0, "9,000 MiB/s in MB/s: {c:?}");
+    let text = render_text(&r);
+    assert!(
+        text.contains(
+            "node worker-2: 3 of its 4 volumes slowed (/data1, /data2, /data3), all 4 together pinned at "
+        ),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_node_whose_sum_moves_is_not_called_pinned() {
     // worker-2's volumes slow down together, but by 2x then 5x in turns: no flat sum.
     let t = cluster(3, 4, 300, |node, _, k| {

@@ -165,6 +165,14 @@ fn verdict_text(s: &mut String, v: &Verdict, detail: bool) {
                         n.node,
                         if n.volumes.len() == n.volumes_total {
                             format!("its {} volumes", n.volumes_total)
+                        } else if c.volumes == n.volumes_total {
+                            format!(
+                                "{} of its {} volumes slowed ({}), all {}",
+                                n.volumes.len(),
+                                n.volumes_total,
+                                n.volumes.join(", "),
+                                n.volumes_total
+                            )
                         } else {
                             format!("{} of its {} volumes", n.volumes.len(), n.volumes_total)
                         },
