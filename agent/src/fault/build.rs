@@ -617,7 +617,11 @@ mod tests {
                 }
                 pending[i].retain(|&at| at > vt);
                 while pending[i].len() < 4 && intended[i] <= vt {
-                    let stale = if i == 0 && intended[i] == 0 { S / 20 } else { 0 };
+                    let stale = if i == 0 && intended[i] == 0 {
+                        S / 20
+                    } else {
+                        0
+                    };
                     sim.store(t + stale, std::sync::atomic::Ordering::Relaxed);
                     let at = match gates[i].admit(vt, Direction::Read, 4096) {
                         Admission::Now => vt,
@@ -643,7 +647,10 @@ mod tests {
     fn a_shared_instance_splits_evenly_whatever_a_volumes_first_ask_saw() {
         let iops = instance_shares(true);
         let sum: u64 = iops.iter().sum();
-        assert!((590..=610).contains(&sum), "the instance's 600 IOPS: {iops:?}");
+        assert!(
+            (590..=610).contains(&sum),
+            "the instance's 600 IOPS: {iops:?}"
+        );
         for n in iops {
             assert!((130..=170).contains(&n), "an even share of 600: {iops:?}");
         }

@@ -351,7 +351,10 @@ fn a_shared_ceiling_taken_unevenly_is_still_the_nodes_instance_limit() {
     assert!(n.iops_cv > 0.03, "the slowed three's own sum moves: {n:?}");
     let c = n.ceiling.as_ref().expect("the ceiling of all four");
     assert_eq!(c.volumes, 4, "{c:?}");
-    assert!((c.value - 9_437.2).abs() < 50.0, "9,000 MiB/s in MB/s: {c:?}");
+    assert!(
+        (c.value - 9_437.2).abs() < 50.0,
+        "9,000 MiB/s in MB/s: {c:?}"
+    );
     let text = render_text(&r);
     assert!(
         text.contains(

@@ -9,9 +9,10 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::format::{
     HISTOGRAMS_MAGIC, INDEX_MAGIC, IndexEntry, POINT_SIZE, PointsHeader, RECORD_HEADER, Tag,
@@ -232,12 +233,13 @@ impl StoreWriter {
         let files = Files {
             hist,
             hist_len: HISTOGRAMS_MAGIC.len() as u64,
-            index: io::BufWriter::with_capacity(1 << 16, index),
+            index,
             points,
             header,
             compressor: zstd::bulk::Compressor::new(ZSTD_LEVEL)?,
             stats: StoreStats::default(),
             backlog: backlog.clone(),
+            batch: Batch::default(),
         };
         let thread = std::thread::Builder::new()
             .name("lockstep-store".into())
@@ -300,20 +302,45 @@ impl Drop for StoreWriter {
     }
 }
 
+/// Bytes of compressed histograms gathered before they go to the file in one write: one write
+/// per agent report was two system calls per agent and interval, 20,000 a second at 10,000
+/// agents (docs/scale.md#batched-writes).
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Points gathered before they are written: more than one interval of 10,000 agents x 8
+/// volumes (5 MiB), so an interval's points go out as one range whatever order its reports
+/// came in.
+const BATCH_POINTS: usize = 1 << 17;
+
+/// How long gathered bytes may wait for more when no report comes: what a crash of the
+/// coordinator can lose beyond the queue.
+const BATCH_WAIT: Duration = Duration::from_millis(250);
+
 struct Files {
     hist: File,
     hist_len: u64,
-    index: io::BufWriter<File>,
+    index: File,
     points: File,
     header: PointsHeader,
     compressor: zstd::bulk::Compressor<'static>,
     stats: StoreStats,
     backlog: Arc<Backlog>,
+    batch: Batch,
+}
+
+/// What is gathered for the next write: compressed blocks and their index entries, in order,
+/// and points by their offset in the points file.
+#[derive(Default)]
+struct Batch {
+    hist: Vec<u8>,
+    index: Vec<u8>,
+    points: Vec<(u64, [u8; POINT_SIZE])>,
+    since: Option<Instant>,
 }
 
 impl Files {
     fn run(mut self, rx: Receiver<ReportBlock>) -> StoreStats {
-        for block in rx {
+        while let Some(block) = self.next(&rx) {
             if self.stats.error.is_none()
                 && let Err(e) = self.write(&block)
             {
@@ -323,23 +350,101 @@ impl Files {
             self.backlog.recycle(block.records);
             self.backlog.give_back(size);
         }
+        self.flush_or_keep_error();
         if self.stats.error.is_none() {
-            let flushed = self
-                .index
-                .flush()
-                .and_then(|()| self.hist.sync_data())
+            let synced = self
+                .hist
+                .sync_data()
+                .and_then(|()| self.index.sync_data())
                 .and_then(|()| self.points.sync_data());
-            if let Err(e) = flushed {
+            if let Err(e) = synced {
                 self.stats.error = Some(e.to_string());
             }
         }
         self.stats
     }
 
+    /// The next report, writing what is gathered when it has waited `BATCH_WAIT`; `None` when
+    /// the run has ended.
+    fn next(&mut self, rx: &Receiver<ReportBlock>) -> Option<ReportBlock> {
+        loop {
+            let Some(since) = self.batch.since else {
+                return rx.recv().ok();
+            };
+            let wait = BATCH_WAIT.saturating_sub(since.elapsed());
+            match rx.recv_timeout(wait) {
+                Ok(b) => return Some(b),
+                Err(RecvTimeoutError::Timeout) => self.flush_or_keep_error(),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    fn flush_or_keep_error(&mut self) {
+        if let Err(e) = self.flush()
+            && self.stats.error.is_none()
+        {
+            self.stats.error = Some(e.to_string());
+        }
+    }
+
+    /// Writes what is gathered: the histograms before the index entries that point into them
+    /// (a reader of a crashed run's files never finds an entry past the data), the points as
+    /// runs of adjacent offsets (an interval's reports fill one range of the file).
+    fn flush(&mut self) -> io::Result<()> {
+        self.batch.since = None;
+        self.flush_histograms()?;
+        self.flush_points()
+    }
+
+    fn flush_histograms(&mut self) -> io::Result<()> {
+        let (hist, index) = (&mut self.batch.hist, &mut self.batch.index);
+        let written = match self.stats.error {
+            Some(_) => Ok(()),
+            None => self
+                .hist
+                .write_all(hist)
+                .and_then(|()| self.index.write_all(index)),
+        };
+        hist.clear();
+        index.clear();
+        written
+    }
+
+    fn flush_points(&mut self) -> io::Result<()> {
+        let mut points = std::mem::take(&mut self.batch.points);
+        let written = self.write_points(&mut points);
+        points.clear();
+        self.batch.points = points;
+        written
+    }
+
+    fn write_points(&mut self, points: &mut [(u64, [u8; POINT_SIZE])]) -> io::Result<()> {
+        if self.stats.error.is_some() {
+            return Ok(());
+        }
+        points.sort_unstable_by_key(|&(at, _)| at);
+        let mut run: Vec<u8> = Vec::with_capacity(points.len() * POINT_SIZE);
+        let mut start = 0;
+        for &(at, p) in points.iter() {
+            if !run.is_empty() && start + run.len() as u64 != at {
+                self.points.write_all_at(&run, start)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                start = at;
+            }
+            run.extend_from_slice(&p);
+        }
+        if !run.is_empty() {
+            self.points.write_all_at(&run, start)?;
+        }
+        Ok(())
+    }
+
     fn write(&mut self, b: &ReportBlock) -> io::Result<()> {
         if !b.records.is_empty() {
             let packed = self.compressor.compress(&b.records)?;
-            self.hist.write_all(&packed)?;
             let entry = IndexEntry {
                 interval: b.interval as u32,
                 len_ms: b.len_ms,
@@ -349,14 +454,29 @@ impl Files {
                 len: packed.len() as u32,
                 crc: crc32c::crc32c(&packed),
             };
+            self.batch.hist.extend_from_slice(&packed);
             self.hist_len += packed.len() as u64;
-            self.index.write_all(&entry.to_bytes())?;
+            self.batch.index.extend_from_slice(&entry.to_bytes());
             self.stats.blocks += 1;
             self.stats.raw_bytes += b.records.len() as u64;
             self.stats.stored_bytes += packed.len() as u64;
         }
         let at = self.header.offset(b.interval, b.first_volume);
-        self.points.write_all_at(&b.points, at)
+        for (k, p) in b.points.chunks_exact(POINT_SIZE).enumerate() {
+            let mut point = [0u8; POINT_SIZE];
+            point.copy_from_slice(p);
+            self.batch
+                .points
+                .push((at + (k * POINT_SIZE) as u64, point));
+        }
+        self.batch.since.get_or_insert_with(Instant::now);
+        if self.batch.hist.len() >= BATCH_BYTES {
+            self.flush_histograms()?;
+        }
+        if self.batch.points.len() >= BATCH_POINTS {
+            self.flush_points()?;
+        }
+        Ok(())
     }
 }
 
@@ -420,6 +540,89 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, blocks);
+    }
+
+    /// Reports come in any order (late agents, intervals overlapping) and are written in
+    /// batches: every point lands at its own offset, a missing report leaves its points
+    /// unwritten, and a batch waits at most `BATCH_WAIT` for more before it reaches the files.
+    #[test]
+    fn batched_reports_in_any_order_land_where_they_belong_and_do_not_wait_long() {
+        let dir = tempfile::tempdir().unwrap();
+        let vols: Vec<StoredVolume> = (0..6)
+            .map(|v| StoredVolume {
+                node: format!("n{}", v / 2),
+                volume: format!("v{v}"),
+                role: "r".into(),
+            })
+            .collect();
+        let data = dir.path().join(DATA_DIR);
+        let w = StoreWriter::create(&data, &Manifest::new(1000, vols)).unwrap();
+        let mark = |interval: u64, volume: u32| (interval * 16 + volume as u64 + 1) as u8;
+        let send = |interval: u64, agent: u32| {
+            let vi = volume_interval(mark(interval, agent), 40);
+            let mut b = w.block(interval, 1000, agent * 2, 2, 2 * records_len(&vi));
+            for v in [agent * 2, agent * 2 + 1] {
+                b.add(v, &vi);
+                b.add_point(v, &[mark(interval, v); POINT_SIZE]);
+            }
+            w.write(b);
+        };
+        let header = PointsHeader {
+            volumes: 6,
+            interval_ms: 1000,
+        };
+        // Interval 0 from agents 2, 0, 1; interval 1 from agents 1, 0 (agent 2 never sends
+        // it); later interval 2 from agents 2, 0.
+        for (interval, agent) in [(0, 2), (0, 0), (0, 1), (1, 1), (1, 0)] {
+            send(interval, agent);
+        }
+        // Nothing more comes for a while: the batch reaches the files within BATCH_WAIT.
+        std::thread::sleep(BATCH_WAIT * 3);
+        let points = std::fs::read(data.join(POINTS)).unwrap();
+        assert!(
+            points.len() as u64 >= header.offset(1, 4),
+            "written while the run goes on: {} bytes",
+            points.len()
+        );
+        let index = std::fs::read(data.join(INDEX)).unwrap();
+        assert_eq!(
+            index.len(),
+            INDEX_MAGIC.len() + 5 * super::super::format::INDEX_ENTRY_SIZE
+        );
+        send(2, 2);
+        send(2, 0);
+        let stats = w.finish();
+        assert_eq!((stats.error, stats.blocks), (None, 7));
+        let points = std::fs::read(data.join(POINTS)).unwrap();
+        let at = |interval: u64, volume: u32| {
+            let o = header.offset(interval, volume) as usize;
+            points.get(o..o + POINT_SIZE).map(|p| p.to_vec())
+        };
+        for interval in 0..3 {
+            for v in 0..6u32 {
+                let sent = match interval {
+                    0 => true,
+                    1 => v < 4,
+                    _ => !(2..4).contains(&v),
+                };
+                let want = sent.then(|| vec![mark(interval, v); POINT_SIZE]);
+                let got = at(interval, v).filter(|p| p.iter().any(|&b| b != 0));
+                assert_eq!(got, want, "interval {interval} volume {v}");
+            }
+        }
+        // Every index entry points at its own block.
+        let r = StoreReader::open(dir.path()).unwrap();
+        let hist = std::fs::read(data.join(HISTOGRAMS)).unwrap();
+        for e in r.index().unwrap() {
+            let e = e.unwrap();
+            let packed = &hist[e.offset as usize..e.offset as usize + e.len as usize];
+            let raw = zstd::bulk::decompress(packed, 1 << 20).unwrap();
+            let records: Vec<Record<'_>> = super::super::format::records(&raw)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let want = mark(e.interval as u64, e.first_volume / 2);
+            assert!(records.iter().all(|r| r.bytes.iter().all(|&b| b == want)));
+        }
     }
 
     #[test]
