@@ -49,14 +49,20 @@ pub struct PoolEntry {
     /// The same coarsened to 2 digits, as an agent sends it under `histogram_digits = 2`
     /// (`lockstep_proto::histogram::encode_at`, the agent's own function).
     pub encoded_2: Vec<u8>,
-    /// The recorded (value, count) pairs, to rebuild a whole-run total exactly.
-    pub recorded: Vec<(u64, u64)>,
+    /// The recorded values as (slot in the pool's `values`, count), to rebuild a whole-run
+    /// total exactly.
+    pub recorded: Vec<(u32, u64)>,
 }
 
 /// A pool of intervals drawn from one latency model.
 #[derive(Debug, Clone)]
 pub struct Pool {
     pub entries: Vec<PoolEntry>,
+    /// Every value any entry recorded, sorted: a total is summed in an array of these slots
+    /// and recorded once per slot. Recording every entry's values into the histogram took
+    /// 7.8 ms per agent of 8 volumes after 300 intervals, 78 s of the simulator's CPU at the
+    /// end of a 10,000-agent run, while the coordinator waited for the final results.
+    pub values: Vec<u64>,
 }
 
 impl Pool {
@@ -66,17 +72,24 @@ impl Pool {
         let dist = LogNormal::new(model.median_ns.ln(), model.sigma)
             .expect("a positive median and a finite sigma make a lognormal");
         let (lo, hi) = (model.ios.0.max(1), model.ios.1.max(model.ios.0.max(1)));
-        let entries = (0..size.max(1))
+        let drawn: Vec<Histogram<u64>> = (0..size.max(1))
             .map(|_| {
                 let ios = rng.random_range(lo..=hi);
                 let mut h = latency_histogram();
                 for _ in 0..ios {
                     record(&mut h, dist.sample(&mut rng) as u64);
                 }
-                entry(&h)
+                h
             })
             .collect();
-        Pool { entries }
+        let mut values: Vec<u64> = drawn
+            .iter()
+            .flat_map(|h| h.iter_recorded().map(|v| v.value_iterated_to()))
+            .collect();
+        values.sort_unstable();
+        values.dedup();
+        let entries = drawn.iter().map(|h| entry(h, &values)).collect();
+        Pool { entries, values }
     }
 
     pub fn len(&self) -> usize {
@@ -99,19 +112,25 @@ impl Pool {
     /// histogram of the whole latency range built and added per pool doubled the cost of the
     /// simulator's end of run, when every agent of the process builds its final at once.
     pub fn add_total(&self, h: &mut Histogram<u64>, uses: &[u32]) {
+        let mut sum = vec![0u64; self.values.len()];
         for (e, &n) in self.entries.iter().zip(uses) {
             if n == 0 {
                 continue;
             }
-            for &(v, c) in &e.recorded {
+            for &(slot, c) in &e.recorded {
+                sum[slot as usize] += c * u64::from(n);
+            }
+        }
+        for (&v, &c) in self.values.iter().zip(&sum) {
+            if c > 0 {
                 // Cannot fail: every value came from a histogram of the same bounds.
-                let _ = h.record_n(v, c * u64::from(n));
+                let _ = h.record_n(v, c);
             }
         }
     }
 }
 
-fn entry(h: &Histogram<u64>) -> PoolEntry {
+fn entry(h: &Histogram<u64>, values: &[u64]) -> PoolEntry {
     PoolEntry {
         ios: h.len(),
         mean_ns: h.mean(),
@@ -119,7 +138,10 @@ fn entry(h: &Histogram<u64>) -> PoolEntry {
         encoded_2: lockstep_proto::histogram::encode_at(h, 2).expect("a valid histogram encodes"),
         recorded: h
             .iter_recorded()
-            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .map(|v| {
+                let slot = values.partition_point(|&x| x < v.value_iterated_to());
+                (slot as u32, v.count_at_value())
+            })
             .collect(),
     }
 }
