@@ -53,6 +53,17 @@ EOF
 
 # CPU seconds (user+sys) a live process has used so far.
 cpu_of() { awk -v t="$(getconf CLK_TCK)" '{printf "%.1f", ($14+$15)/t}' "/proc/$1/stat"; }
+# CPU seconds (user+sys) of the coordinator's data writer thread (named lockstep-store), 0
+# before it exists.
+store_cpu_of() {
+  local f
+  for f in /proc/"$1"/task/*; do
+    if [ "$(cat "$f/comm" 2>/dev/null)" = lockstep-store ]; then
+      awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14+$15)/t}' "$f/stat" 2>/dev/null && return
+    fi
+  done
+  echo 0
+}
 
 # Each simulator process holds 2 open files per agent (listener, connection): split a size
 # over processes so each fits the hard limit.
@@ -94,7 +105,7 @@ for n in $sizes; do
   t0=$(date +%s.%N); coord=""
   while kill -0 "$timer" 2>/dev/null; do
     [ -n "$coord" ] || coord=$(pgrep -n -x lockstep || true)
-    [ -z "$coord" ] || echo "$(echo "$(date +%s.%N) - $t0" | bc) $(cpu_of "$coord" 2>/dev/null)" >> "$dir/cpu.txt"
+    [ -z "$coord" ] || echo "$(echo "$(date +%s.%N) - $t0" | bc) $(cpu_of "$coord" 2>/dev/null) $(store_cpu_of "$coord")" >> "$dir/cpu.txt"
     sleep 1
   done
   wait "$timer"; rc=$?
@@ -129,7 +140,7 @@ def steady(first_iv):
     # CPU per interval over the middle half of the measured run: the run starts about one
     # interval before its first interval completes.
     try:
-        rows = [tuple(map(float, l.split())) for l in open(os.path.join(d, "cpu.txt")) if len(l.split()) == 2]
+        rows = [tuple(map(float, l.split())) for l in open(os.path.join(d, "cpu.txt")) if len(l.split()) == 3]
     except OSError:
         return None
     start = first_iv - interval_s
@@ -137,13 +148,15 @@ def steady(first_iv):
     inside = [r for r in rows if a <= r[0] <= b]
     if len(inside) < 2 or inside[-1][0] - inside[0][0] < interval_s:
         return None
-    (t1, c1), (t2, c2) = inside[0], inside[-1]
-    return (c2 - c1) / (t2 - t1) * interval_s
+    (t1, c1, s1), (t2, c2, s2) = inside[0], inside[-1]
+    per = interval_s / (t2 - t1)
+    return (c2 - c1) * per, (s2 - s1) * per
 if m_lag:
     med, last, worst, ivs, first = m_lag.groups()
     st = steady(float(first))
     if st is not None:
-        status += f"; steady {st:.2f} s CPU per interval ({st / (n * m) * 1e6:.1f} us per volume-interval)"
+        st, store = st
+        status += f"; steady {st:.2f} s CPU per interval ({st / (n * m) * 1e6:.1f} us per volume-interval), data writer {store:.3f} s"
     per = cpu / (n * m * int(ivs)) * 1e6
     row = (f"{n:<7} {m:<8} {cpu:<9.1f} {per:<8.1f} {rss_mib:<10.0f} {first + ' s':<9} "
            f"{med + ' ms':<10} {last + ' ms':<10} {worst + ' ms':<10} {sim_cpu:<8.1f} {status}")
