@@ -1734,9 +1734,14 @@ fn node_verdict(
     if ceiling.is_none() && group.len() < total {
         // An instance's ceiling holds the sum of ALL its volumes, and it need not be shared
         // evenly: a volume that takes more than its peers' rate is not slowed, yet its share
-        // is part of the flat sum that shows the limit.
+        // is part of the flat sum that shows the limit. Only if it takes what the slowed ones
+        // lose: a steady volume beside slowed ones that move makes their sum look flatter
+        // relative to its size without holding it anywhere.
         let all = (0..ctx.t.volumes.len()).filter(|&v| ctx.t.volumes[v].node == node);
-        ceiling = NodeSums::of(ctx, all, onset, end).ceiling(ctx.opts, total);
+        let all = NodeSums::of(ctx, all, onset, end);
+        ceiling = all
+            .ceiling(ctx.opts, total)
+            .filter(|c| all.takes_up(&slowed, &c.unit));
     }
     let peer_iops = mean(&node_peer.values().copied().collect::<Vec<_>>());
     let cluster = mean(
@@ -1805,6 +1810,20 @@ impl NodeSums {
             iops_cv: stats::robust_cv(&mut iops).unwrap_or(0.0),
             mb_s_cv: stats::robust_cv(&mut mb).unwrap_or(0.0),
         }
+    }
+
+    /// Whether this sum (of all a node's volumes) moves by at most half as much as `part`'s
+    /// (its slowed volumes'), in `unit`: the rest of the node took up what they lost, as
+    /// volumes that share one ceiling do.
+    fn takes_up(&self, part: &NodeSums, unit: &str) -> bool {
+        let spread = |s: &NodeSums| {
+            if unit == "IOPS" {
+                s.iops * s.iops_cv
+            } else {
+                s.mb_s * s.mb_s_cv
+            }
+        };
+        spread(self) <= 0.5 * spread(part)
     }
 
     /// The ceiling these `volumes` sat at together, if their sum was flat.

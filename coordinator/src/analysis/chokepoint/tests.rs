@@ -365,6 +365,29 @@ fn a_shared_ceiling_taken_unevenly_is_still_the_nodes_instance_limit() {
 }
 
 #[test]
+fn a_steady_volume_beside_three_that_move_is_not_a_shared_ceiling() {
+    // worker-2's /data1-3 slow down about 5x, each by its own +-50% from interval to
+    // interval; /data0 runs on as before. The sum of all four moves less, relative to its
+    // size, than the three's (the steady volume dilutes it), but only because /data0 is
+    // steady, not because it takes what the others lose: no ceiling.
+    let t = cluster(3, 4, 300, |node, j, k| {
+        let slow = if node == 1 && j > 0 && k >= 150 {
+            5.0 * jitter(100 + j, k, 0.5)
+        } else {
+            1.0
+        };
+        (slow, f64::INFINITY)
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    let Verdict::Node(n) = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert_eq!(n.node, "worker-2");
+    assert_eq!(n.volumes, ["/data1", "/data2", "/data3"], "{n:?}");
+    assert_eq!(n.ceiling, None, "{n:?}");
+}
+
+#[test]
 fn a_node_whose_sum_moves_is_not_called_pinned() {
     // worker-2's volumes slow down together, but by 2x then 5x in turns: no flat sum.
     let t = cluster(3, 4, 300, |node, _, k| {
