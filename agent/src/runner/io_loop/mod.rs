@@ -203,7 +203,7 @@ impl<'a> IoLoop<'a> {
         ctx: &'a CloneCtx<'a>,
         report: &'a mut JobReport,
         io: CloneIo,
-        gate: Option<Box<dyn IoGate>>,
+        mut gate: Option<Box<dyn IoGate>>,
         fault: Option<Box<dyn IoFault>>,
     ) -> Self {
         let job = ctx.job;
@@ -233,7 +233,6 @@ impl<'a> IoLoop<'a> {
         };
         let last_wait = Instant::now();
         let t0 = Instant::now();
-        let mut gate = gate;
         if let Some(g) = gate.as_mut() {
             g.origin(t0);
         }

@@ -1711,16 +1711,11 @@ fn node_verdict(
         .unwrap_or(onset + 1)
         .max(onset + 1);
     let score = group.iter().map(|(_, e)| e.peak).max().unwrap_or(0);
-    let (mut node_iops, mut node_peer, mut lat, mut peer_lat) = (
-        BTreeMap::<usize, f64>::new(),
-        BTreeMap::<usize, f64>::new(),
-        0.0,
-        0.0,
-    );
+    // The peers' IOPS per interval; the node's own sums are `NodeSums`.
+    let (mut node_peer, mut lat, mut peer_lat) = (BTreeMap::<usize, f64>::new(), 0.0, 0.0);
     for &(v, _) in group {
         for (i, p) in ctx.points(v, onset, end) {
             let rel = relative(p, ctx.stats(v, i), ctx.opts);
-            *node_iops.entry(i).or_default() += p.iops();
             *node_peer.entry(i).or_default() += rel.peer_iops.unwrap_or(0.0);
             if let (true, Some(pl)) = (has_latency(p), rel.peer_lat) {
                 lat += p.lat_mean_us;
@@ -1745,7 +1740,7 @@ fn node_verdict(
     }
     let peer_iops = mean(&node_peer.values().copied().collect::<Vec<_>>());
     let cluster = mean(
-        &node_iops
+        &node_peer
             .keys()
             .map(|&i| ctx.peers.cluster_iops[i])
             .collect::<Vec<_>>(),
