@@ -85,6 +85,14 @@ fn volume_of(r: &ChokepointReport) -> Option<(&str, &str)> {
     }
 }
 
+/// The node verdict the report leads with; any other verdict fails the test.
+fn node_of(r: &ChokepointReport) -> &NodeVerdict {
+    match &r.verdict {
+        Verdict::Node(n) => n,
+        other => panic!("expected a node verdict, got {other:?}"),
+    }
+}
+
 fn no_single_volume(r: &ChokepointReport) -> bool {
     !matches!(r.verdict, Verdict::Volume(_))
         && !r.also.iter().any(|v| matches!(v, Verdict::Volume(_)))
@@ -302,9 +310,7 @@ fn a_node_pinned_at_a_shared_bandwidth_ceiling_is_named_an_instance_limit() {
     // 834 IOs of 1 MiB a second: 874.5 MB/s, r4.8xlarge's 875 (docs/domain.md#instance-limits).
     let t = shared_ceiling(834.0, 0.3);
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!((n.node.as_str(), n.volumes.len()), ("worker-2", 4), "{n:?}");
     let c = n.ceiling.as_ref().expect("a ceiling");
     assert_eq!(c.unit, "MB/s", "{n:?}");
@@ -343,9 +349,7 @@ fn a_shared_ceiling_taken_unevenly_is_still_the_nodes_instance_limit() {
         }
     }
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(n.node, "worker-2", "{n:?}");
     assert_eq!(n.volumes, ["/data1", "/data2", "/data3"], "{n:?}");
     assert!(n.iops_cv > 0.03, "the slowed three's own sum moves: {n:?}");
@@ -379,9 +383,7 @@ fn a_steady_volume_beside_three_that_move_is_not_a_shared_ceiling() {
         (slow, f64::INFINITY)
     });
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(n.node, "worker-2");
     assert_eq!(n.volumes, ["/data1", "/data2", "/data3"], "{n:?}");
     assert_eq!(n.ceiling, None, "{n:?}");
@@ -399,9 +401,7 @@ fn a_node_whose_sum_moves_is_not_called_pinned() {
         (slow, f64::INFINITY)
     });
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(n.node, "worker-2");
     assert_eq!(n.ceiling, None, "{n:?}");
     assert!(n.iops_cv > 0.1 && n.mb_s_cv > 0.1, "{n:?}");
@@ -425,9 +425,7 @@ fn node_wide_limit_names_the_node() {
         )
     });
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(n.node, "worker-4");
     assert_eq!((n.volumes.len(), n.volumes_total), (3, 3));
     assert!(n.onset_interval.abs_diff(200) <= 2);
@@ -470,9 +468,7 @@ fn node_limit_in_a_three_node_cluster() {
         )
     });
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(
         (n.node.as_str(), n.volumes.len(), n.onset_interval),
         ("worker-2", 3, 100)
@@ -1104,9 +1100,7 @@ fn a_node_verdict_says_how_sure_it_is() {
         )
     });
     let r = analyze(&t, &AnalysisOptions::default());
-    let Verdict::Node(n) = &r.verdict else {
-        panic!("{:?}", r.verdict)
-    };
+    let n = node_of(&r);
     assert_eq!(n.confidence.level, ConfidenceLevel::Sure);
     assert!(
         (n.confidence.slowdown - 8.0).abs() < 0.5,

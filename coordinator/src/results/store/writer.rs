@@ -541,26 +541,32 @@ mod tests {
         }
         let stats = w.finish();
         assert_eq!((stats.error, stats.blocks), (None, blocks as u64));
-        let r = StoreReader::open(dir.path()).unwrap();
-        let data = std::fs::read(dir.path().join(DATA_DIR).join(HISTOGRAMS)).unwrap();
-        let mut n = 0;
-        for e in r.index().unwrap() {
-            let e = e.unwrap();
-            let packed = &data[e.offset as usize..e.offset as usize + e.len as usize];
-            let raw = zstd::bulk::decompress(packed, 1 << 20).unwrap();
-            let records: Vec<Record<'_>> = super::super::format::records(&raw)
-                .collect::<Result<_, _>>()
-                .unwrap();
+        let stored = stored_blocks(dir.path());
+        for (e, records) in &stored {
             let i = e.interval as usize;
             assert_eq!(records.len(), 1);
-            assert_eq!(
-                records[0].bytes,
-                vec![i as u8; len(i)].as_slice(),
-                "block {i}"
-            );
-            n += 1;
+            assert_eq!(records[0], vec![i as u8; len(i)], "block {i}");
         }
-        assert_eq!(n, blocks);
+        assert_eq!(stored.len(), blocks);
+    }
+
+    /// Each index entry with its block's records' bytes, read as written (the records are not
+    /// histograms here, so not through `StoreReader::histograms`, which decodes them).
+    fn stored_blocks(run_dir: &Path) -> Vec<(IndexEntry, Vec<Vec<u8>>)> {
+        let r = StoreReader::open(run_dir).unwrap();
+        let data = std::fs::read(run_dir.join(DATA_DIR).join(HISTOGRAMS)).unwrap();
+        r.index()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let packed = &data[e.offset as usize..e.offset as usize + e.len as usize];
+                let raw = zstd::bulk::decompress(packed, 1 << 20).unwrap();
+                let records: Vec<Record<'_>> = super::super::format::records(&raw)
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                (e, records.iter().map(|r| r.bytes.to_vec()).collect())
+            })
+            .collect()
     }
 
     /// Reports come in any order (late agents, intervals overlapping) and are written in
@@ -632,17 +638,9 @@ mod tests {
             }
         }
         // Every index entry points at its own block.
-        let r = StoreReader::open(dir.path()).unwrap();
-        let hist = std::fs::read(data.join(HISTOGRAMS)).unwrap();
-        for e in r.index().unwrap() {
-            let e = e.unwrap();
-            let packed = &hist[e.offset as usize..e.offset as usize + e.len as usize];
-            let raw = zstd::bulk::decompress(packed, 1 << 20).unwrap();
-            let records: Vec<Record<'_>> = super::super::format::records(&raw)
-                .collect::<Result<_, _>>()
-                .unwrap();
+        for (e, records) in stored_blocks(dir.path()) {
             let want = mark(e.interval as u64, e.first_volume / 2);
-            assert!(records.iter().all(|r| r.bytes.iter().all(|&b| b == want)));
+            assert!(records.iter().all(|r| r.iter().all(|&b| b == want)));
         }
     }
 
