@@ -2,15 +2,23 @@
 //! out, no IO, so the format is tested directly and a reader in another language needs only
 //! this file.
 //!
-//! - `histograms.lsh`: a 16-byte magic, then blocks. A block is one agent's report of one
-//!   interval (all its volumes), compressed with zstd as one frame; inside, records of
+//! - `histograms.lsh`: a 16-byte magic, then frames. A frame is one or more agent reports
+//!   (each one agent's interval, all its volumes) one after the other, compressed with zstd as
+//!   one frame of at most about `FRAME_BYTES` (writer.rs); inside, records of
 //!   `volume u32, tag u8, len u32, bytes`, little-endian. The bytes are the histogram exactly as
 //!   the agent sent it (HdrHistogram V2, with or without deflate): the coordinator never
 //!   re-encodes, so what is stored is what was measured, and any window or group re-merges
-//!   exactly.
-//! - `histograms.idx`: a 16-byte magic, then one 32-byte [`IndexEntry`] per block, in the
-//!   order written: which interval, which volumes, where, and a checksum. It is 1/40 or less of
-//!   the data, so a window or a volume is found by scanning it, never the data.
+//!   exactly. No two reports in a frame share a volume, so a record's volume says which
+//!   report (index entry) it belongs to.
+//! - `histograms.idx`: a 16-byte magic, then one 32-byte [`IndexEntry`] per agent report, in
+//!   the order written: which interval, which volumes, the frame it is in, and the frame's
+//!   checksum. It is 1/40 or less of the data, so a window or a volume is found by scanning it,
+//!   never the data.
+//!
+//! Format 1 (index magic `lockstep-idx  1`) had one report per frame: it is format 2 with
+//! frames of one report, and is read the same way. Compressing each report alone cost zstd its
+//! per-frame set-up (entropy tables) for 3-10 KB each, a fifth of the coordinator's CPU at
+//! 10,000 agents (docs/scale.md#frames).
 //! - `points.bin`: a 32-byte header, then one row per interval of one 64-byte [`PointRecord`]
 //!   per volume, at a fixed place (`row x volumes + volume`): late intervals are written where
 //!   they belong, a missing one reads as absent, and one volume's series is a strided read.
@@ -18,7 +26,9 @@
 use crate::results::timeline::VolumePoint;
 
 pub const HISTOGRAMS_MAGIC: &[u8; 16] = b"lockstep-hist 1\n";
-pub const INDEX_MAGIC: &[u8; 16] = b"lockstep-idx  1\n";
+pub const INDEX_MAGIC: &[u8; 16] = b"lockstep-idx  2\n";
+/// The index of format 1 (one report per frame), still read.
+pub const INDEX_MAGIC_1: &[u8; 16] = b"lockstep-idx  1\n";
 pub const POINTS_MAGIC: &[u8; 16] = b"lockstep-pts  1\n";
 pub const POINTS_HEADER: u64 = 32;
 pub const POINT_SIZE: usize = 64;
@@ -106,21 +116,22 @@ pub fn records(block: &[u8]) -> impl Iterator<Item = Result<Record<'_>, FormatEr
     })
 }
 
-/// Where one block is and what it holds.
+/// Where one agent report is and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IndexEntry {
     /// Interval index since the synchronized start.
     pub interval: u32,
     /// The interval's length (the last one may be short).
     pub len_ms: u32,
-    /// The block's volumes are `first_volume .. first_volume + volumes` (an agent's volumes
+    /// The report's volumes are `first_volume .. first_volume + volumes` (an agent's volumes
     /// are consecutive in the run's volume table).
     pub first_volume: u32,
     pub volumes: u32,
-    /// Byte offset of the compressed block in `histograms.lsh`, and its length.
+    /// Byte offset in `histograms.lsh` of the compressed frame holding the report, and the
+    /// frame's length (the same for every report in the frame).
     pub offset: u64,
     pub len: u32,
-    /// crc32c of the compressed block: a torn or damaged file is named, not misread.
+    /// crc32c of the compressed frame: a torn or damaged file is named, not misread.
     pub crc: u32,
 }
 
@@ -153,6 +164,20 @@ impl IndexEntry {
     pub fn holds(&self, volume: u32) -> bool {
         (self.first_volume..self.first_volume + self.volumes).contains(&volume)
     }
+
+    /// Whether this report and `other` share a volume (then they may not share a frame).
+    pub fn overlaps(&self, other: &IndexEntry) -> bool {
+        self.first_volume < other.first_volume + other.volumes
+            && other.first_volume < self.first_volume + self.volumes
+    }
+}
+
+/// The records of report `entry` in its decompressed frame: those of its volumes.
+pub fn records_of<'a>(
+    frame: &'a [u8],
+    entry: &'a IndexEntry,
+) -> impl Iterator<Item = Result<Record<'a>, FormatError>> + 'a {
+    records(frame).filter(move |r| r.as_ref().map_or(true, |r| entry.holds(r.volume)))
 }
 
 /// The header of `points.bin`: the table's shape.

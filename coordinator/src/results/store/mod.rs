@@ -46,7 +46,7 @@ pub struct StoredVolume {
 impl Manifest {
     pub fn new(interval_ms: u64, volumes: Vec<StoredVolume>) -> Self {
         Manifest {
-            format: 1,
+            format: 2,
             interval_ms,
             start_unix_ms: 0,
             compression: "zstd".into(),

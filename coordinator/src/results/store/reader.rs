@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use lockstep_proto::histogram::SparseHistogram;
 
 use super::format::{
-    self, FormatError, INDEX_ENTRY_SIZE, INDEX_MAGIC, IndexEntry, POINT_SIZE, PointsHeader, Tag,
+    self, FormatError, INDEX_ENTRY_SIZE, INDEX_MAGIC, INDEX_MAGIC_1, IndexEntry, POINT_SIZE,
+    PointsHeader, Tag,
 };
 use super::{DATA_DIR, HISTOGRAMS, INDEX, MANIFEST, Manifest, POINTS};
 use crate::results::hlog::LogEntry;
@@ -67,7 +68,7 @@ impl StoreReader {
     }
 
     /// Every index entry, in the order written (the index is small: 32 bytes per agent and
-    /// interval).
+    /// interval). Consecutive entries may point at the same frame.
     pub fn index(
         &self,
     ) -> Result<impl Iterator<Item = Result<IndexEntry, StoreError>>, StoreError> {
@@ -76,7 +77,7 @@ impl StoreReader {
         let mut r = BufReader::with_capacity(1 << 16, f);
         let mut magic = [0u8; 16];
         r.read_exact(&mut magic).map_err(io_err(&path))?;
-        if &magic != INDEX_MAGIC {
+        if &magic != INDEX_MAGIC && &magic != INDEX_MAGIC_1 {
             return Err(corrupt(&path, FormatError::Magic { what: "index" }));
         }
         Ok(std::iter::from_fn(move || {
@@ -109,6 +110,7 @@ impl StoreReader {
             Err(_) => true,
         });
         let mut pending = Vec::new().into_iter();
+        let mut frame = Frame::default();
         Ok(std::iter::from_fn(move || {
             loop {
                 if let Some(h) = pending.next() {
@@ -118,7 +120,7 @@ impl StoreReader {
                     Ok(e) => e,
                     Err(err) => return Some(Err(err)),
                 };
-                pending = match read_block(&data, &path, &e, &mut decompressor) {
+                pending = match read_block(&data, &path, &e, &mut decompressor, &mut frame) {
                     Ok(hs) => hs
                         .into_iter()
                         .filter(|h| want(h.volume))
@@ -244,12 +246,25 @@ fn corrupt(path: &Path, e: impl std::fmt::Display) -> StoreError {
     }
 }
 
-fn read_block(
+/// The frame last decompressed: the reports of one frame have consecutive index entries, so
+/// reading them one after the other decompresses it once.
+#[derive(Default)]
+struct Frame {
+    offset: Option<u64>,
+    raw: Vec<u8>,
+}
+
+fn read_frame<'f>(
     data: &File,
     path: &Path,
     e: &IndexEntry,
     decompressor: &mut zstd::bulk::Decompressor<'static>,
-) -> Result<Vec<StoredHistogram>, StoreError> {
+    frame: &'f mut Frame,
+) -> Result<&'f [u8], StoreError> {
+    if frame.offset == Some(e.offset) {
+        return Ok(&frame.raw);
+    }
+    frame.offset = None;
     let mut packed = vec![0u8; e.len as usize];
     data.read_exact_at(&mut packed, e.offset)
         .map_err(io_err(path))?;
@@ -257,18 +272,31 @@ fn read_block(
         return Err(corrupt(
             path,
             format!(
-                "block of interval {} at byte {} fails its checksum",
+                "frame of interval {} at byte {} fails its checksum",
                 e.interval, e.offset
             ),
         ));
     }
-    // A block is one agent's report: its size is bounded by what one message may carry.
-    let raw = decompressor
+    // A frame is one agent's report or several up to 64 KiB: its size is bounded by what one
+    // message may carry.
+    frame.raw = decompressor
         .decompress(&packed, 64 << 20)
-        .map_err(|err| corrupt(path, format!("block at byte {}: {err}", e.offset)))?;
+        .map_err(|err| corrupt(path, format!("frame at byte {}: {err}", e.offset)))?;
+    frame.offset = Some(e.offset);
+    Ok(&frame.raw)
+}
+
+fn read_block(
+    data: &File,
+    path: &Path,
+    e: &IndexEntry,
+    decompressor: &mut zstd::bulk::Decompressor<'static>,
+    frame: &mut Frame,
+) -> Result<Vec<StoredHistogram>, StoreError> {
+    let raw = read_frame(data, path, e, decompressor, frame)?;
     let mut out = Vec::new();
-    for r in format::records(&raw) {
-        let r = r.map_err(|err| corrupt(path, format!("block at byte {}: {err}", e.offset)))?;
+    for r in format::records_of(raw, e) {
+        let r = r.map_err(|err| corrupt(path, format!("frame at byte {}: {err}", e.offset)))?;
         let histogram = SparseHistogram::decode(r.bytes).map_err(|err| {
             corrupt(
                 path,
@@ -351,6 +379,10 @@ mod tests {
         let stats = w.finish();
         assert_eq!(stats.error, None);
         assert_eq!(stats.blocks, 10);
+        // Each frame holds what came until a report shared a volume with it: [0:0, 0:2],
+        // [1:0, 1:2], [2:0], [3:0, 3:2], [4:0, 4:2], [2:2 late]. Read back, every record
+        // belongs to its own report once.
+        assert_eq!(stats.frames, 6);
         let r = StoreReader::open(dir.path()).unwrap();
         let got: Vec<_> = r
             .histograms(1..3, |v| v == 3)
@@ -377,6 +409,45 @@ mod tests {
         assert!(
             e.iter()
                 .any(|e| e.tag == "n1/v1/read/lat" && e.start_s == 4.0)
+        );
+    }
+
+    /// A run written before frames held several reports (index magic 1) reads the same.
+    #[test]
+    fn an_index_of_format_1_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Manifest::new(
+            1000,
+            vec![StoredVolume {
+                node: "n".into(),
+                volume: "v".into(),
+                role: "r".into(),
+            }],
+        );
+        let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
+        for i in 0..3u64 {
+            let mut b = ReportBlock::new(i, 1000, 0, 1);
+            b.add(0, &vi(&[5000 + i * 1000]));
+            w.write(b);
+        }
+        assert_eq!(w.finish().frames, 3);
+        let path = dir.path().join(DATA_DIR).join(INDEX);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[..16].copy_from_slice(INDEX_MAGIC_1);
+        std::fs::write(&path, bytes).unwrap();
+        let r = StoreReader::open(dir.path()).unwrap();
+        let max: Vec<u64> = r
+            .histograms(0..10, |_| true)
+            .unwrap()
+            .map(|h| h.unwrap().histogram.max() / 1000)
+            .collect();
+        assert_eq!(max, vec![5, 6, 7]);
+        bytes = std::fs::read(&path).unwrap();
+        bytes[..16].copy_from_slice(b"lockstep-idx  9\n");
+        std::fs::write(&path, bytes).unwrap();
+        assert!(
+            r.histograms(0..10, |_| true).is_err(),
+            "an unknown format is refused"
         );
     }
 
