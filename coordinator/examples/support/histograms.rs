@@ -44,7 +44,8 @@ pub fn volume_intervals(n: usize, seed: u64, ios: u64, digits: u8) -> Vec<Volume
         .collect()
 }
 
-/// This process's resident memory now, MiB (from /proc).
+/// This process's resident memory now, MiB (from /proc). Not every example reports it.
+#[allow(dead_code)]
 pub fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
