@@ -67,7 +67,13 @@ fn punch_written(path: &std::path::Path) {
             (end - 4096) as libc::off_t,
         )
     };
-    assert_eq!(r, 0, "punching {}: {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "punching {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 fn main() {

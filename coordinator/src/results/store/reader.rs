@@ -412,10 +412,8 @@ mod tests {
         );
     }
 
-    /// A run written before frames held several reports (index magic 1) reads the same.
-    #[test]
-    fn an_index_of_format_1_is_still_read() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A data writer for a run of one volume in `run_dir`.
+    fn one_volume_writer(run_dir: &Path) -> StoreWriter {
         let m = Manifest::new(
             1000,
             vec![StoredVolume {
@@ -424,7 +422,14 @@ mod tests {
                 role: "r".into(),
             }],
         );
-        let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
+        StoreWriter::create(&run_dir.join(DATA_DIR), &m).unwrap()
+    }
+
+    /// A run written before frames held several reports (index magic 1) reads the same.
+    #[test]
+    fn an_index_of_format_1_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = one_volume_writer(dir.path());
         for i in 0..3u64 {
             let mut b = ReportBlock::new(i, 1000, 0, 1);
             b.add(0, &vi(&[5000 + i * 1000]));
@@ -454,15 +459,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_named_not_misread() {
         let dir = tempfile::tempdir().unwrap();
-        let m = Manifest::new(
-            1000,
-            vec![StoredVolume {
-                node: "n".into(),
-                volume: "v".into(),
-                role: "r".into(),
-            }],
-        );
-        let w = StoreWriter::create(&dir.path().join(DATA_DIR), &m).unwrap();
+        let w = one_volume_writer(dir.path());
         let mut b = ReportBlock::new(0, 1000, 0, 1);
         b.add(0, &vi(&[5000; 10]));
         w.write(b);
