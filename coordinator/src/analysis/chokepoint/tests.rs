@@ -278,18 +278,23 @@ fn sustained_errors_are_blamed_sporadic_ones_are_not() {
     assert!(r.also.is_empty());
 }
 
+/// Three datanodes of four volumes over 300 intervals; from interval 150 worker-2's volume `j`
+/// runs as `f(j, k)` says (slowdown, IOPS cap), every other volume as before.
+fn worker2_from_150(f: impl Fn(usize, usize) -> (f64, f64)) -> Timeline {
+    cluster(3, 4, 300, |node, j, k| {
+        if node == 1 && k >= 150 {
+            f(j, k)
+        } else {
+            (1.0, f64::INFINITY)
+        }
+    })
+}
+
 /// Three datanodes of four volumes doing 1 MiB IOs; from interval 150 worker-2's volumes share
 /// one ceiling of `node_ios` IOs per second: each volume's share moves from interval to
 /// interval (`share`), their sum does not.
 fn shared_ceiling(node_ios: f64, share: f64) -> Timeline {
-    let mut t = cluster(3, 4, 300, |node, _, k| {
-        let cap = if node == 1 && k >= 150 {
-            node_ios / 4.0
-        } else {
-            f64::INFINITY
-        };
-        (1.0, cap)
-    });
+    let mut t = worker2_from_150(|_, _| (1.0, node_ios / 4.0));
     for k in 150..300 {
         let w: Vec<f64> = (4..8).map(|v| jitter(v, k, share)).collect();
         let sum: f64 = w.iter().sum();
@@ -374,8 +379,8 @@ fn a_steady_volume_beside_three_that_move_is_not_a_shared_ceiling() {
     // interval; /data0 runs on as before. The sum of all four moves less, relative to its
     // size, than the three's (the steady volume dilutes it), but only because /data0 is
     // steady, not because it takes what the others lose: no ceiling.
-    let t = cluster(3, 4, 300, |node, j, k| {
-        let slow = if node == 1 && j > 0 && k >= 150 {
+    let t = worker2_from_150(|j, k| {
+        let slow = if j > 0 {
             5.0 * jitter(100 + j, k, 0.5)
         } else {
             1.0
@@ -392,12 +397,8 @@ fn a_steady_volume_beside_three_that_move_is_not_a_shared_ceiling() {
 #[test]
 fn a_node_whose_sum_moves_is_not_called_pinned() {
     // worker-2's volumes slow down together, but by 2x then 5x in turns: no flat sum.
-    let t = cluster(3, 4, 300, |node, _, k| {
-        let slow = if node == 1 && k >= 150 {
-            if (k / 5) % 2 == 0 { 2.0 } else { 5.0 }
-        } else {
-            1.0
-        };
+    let t = worker2_from_150(|_, k| {
+        let slow = if (k / 5) % 2 == 0 { 2.0 } else { 5.0 };
         (slow, f64::INFINITY)
     });
     let r = analyze(&t, &AnalysisOptions::default());
