@@ -17,7 +17,7 @@
 mod support;
 
 use hdrhistogram::Histogram;
-use lockstep::results::store::format::{Tag, push_record};
+use lockstep::results::store::ReportBlock;
 use lockstep_proto::v1::VolumeInterval;
 use rand::SeedableRng;
 use rand_distr::{Distribution, LogNormal};
@@ -71,18 +71,12 @@ fn stored(intervals: &[VolumeInterval], frame: usize) -> f64 {
     let mut c = zstd::bulk::Compressor::new(1).unwrap();
     let (mut raw, mut out) = (Vec::new(), 0usize);
     for (r, report) in intervals.chunks(8).enumerate() {
+        let first = (r * 8) as u32;
+        let mut block = ReportBlock::new(0, 1000, first, report.len() as u32);
         for (v, vi) in report.iter().enumerate() {
-            let volume = (r * 8 + v) as u32;
-            for (dir, d) in [(0u8, &vi.read), (1, &vi.write)] {
-                if let Some(d) = d {
-                    let tag = Tag {
-                        dir,
-                        intended: false,
-                    };
-                    push_record(&mut raw, volume, tag, &d.lat_hist);
-                }
-            }
+            block.add(first + v as u32, vi);
         }
+        raw.extend_from_slice(&block.records);
         if raw.len() >= frame {
             out += c.compress(&raw).unwrap().len();
             raw.clear();

@@ -14,14 +14,14 @@
 //!   the order written: which interval, which volumes, the frame it is in, and the frame's
 //!   checksum. It is 1/40 or less of the data, so a window or a volume is found by scanning it,
 //!   never the data.
+//! - `points.bin`: a 32-byte header, then one row per interval of one 64-byte [`PointRecord`]
+//!   per volume, at a fixed place (`row x volumes + volume`): late intervals are written where
+//!   they belong, a missing one reads as absent, and one volume's series is a strided read.
 //!
 //! Format 1 (index magic `lockstep-idx  1`) had one report per frame: it is format 2 with
 //! frames of one report, and is read the same way. Compressing each report alone cost zstd its
 //! per-frame set-up (entropy tables) for 3-10 KB each, a fifth of the coordinator's CPU at
 //! 10,000 agents (docs/scale.md#frames).
-//! - `points.bin`: a 32-byte header, then one row per interval of one 64-byte [`PointRecord`]
-//!   per volume, at a fixed place (`row x volumes + volume`): late intervals are written where
-//!   they belong, a missing one reads as absent, and one volume's series is a strided read.
 
 use crate::results::timeline::VolumePoint;
 
