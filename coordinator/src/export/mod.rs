@@ -71,8 +71,18 @@ impl Exporter for ResultsJson {
     fn file_name(&self) -> &'static str {
         "results.json"
     }
+    /// Read back before it is written: serde_json writes a NaN or an infinity as null, which a
+    /// plain number field cannot read, and `lockstep report` and `compare` would then refuse the
+    /// run. The file is still written (nothing is lost); the error names the field's place.
     fn render(&self, r: &RunResults) -> std::io::Result<Vec<u8>> {
-        serde_json::to_vec_pretty(r).map_err(std::io::Error::other)
+        let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
+        if let Err(e) = serde_json::from_slice::<RunResults>(&bytes) {
+            tracing::error!(
+                "results.json will not read back ({e}): a figure is not a finite number; \
+                 please report this as a lockstep bug"
+            );
+        }
+        Ok(bytes)
     }
 }
 

@@ -173,10 +173,13 @@ pub struct Confidence {
     /// Median over the intervals of its distance from its peers' center in robust units (the
     /// larger of latency per load and IOPS deficit, each over the peers' spread with its floor).
     pub median_distance: f64,
-    /// The peers' spread of latency and of IOPS as a robust CV (before the floor; NaN with
-    /// fewer than 3 volumes in the role).
-    pub peer_cv: f64,
-    pub peer_iops_cv: f64,
+    /// The peers' spread of latency and of IOPS as a robust CV (before the floor). `None` with
+    /// fewer than 3 volumes in the role: one or two peers have no spread to measure (JSON has
+    /// no NaN, so a NaN here made results.json unreadable).
+    #[serde(default)]
+    pub peer_cv: Option<f64>,
+    #[serde(default)]
+    pub peer_iops_cv: Option<f64>,
     /// Median slowdown factor against the peers' center (latency per load, or IOPS deficit).
     pub slowdown: f64,
 }

@@ -1516,8 +1516,8 @@ impl Ctx<'_> {
             flagged_intervals: ev.flagged_intervals,
             intervals: ev.intervals,
             median_distance: 0.0,
-            peer_cv: spread.lat.unwrap_or(f64::NAN),
-            peer_iops_cv: spread.iops.unwrap_or(f64::NAN),
+            peer_cv: spread.lat,
+            peer_iops_cv: spread.iops,
             slowdown: 1.0,
         };
         let sums = EvidenceSums {
@@ -1880,13 +1880,10 @@ fn node_ceiling(
 /// from the onset to the end of their episodes.
 fn node_confidence(ctx: &Ctx, group: &[(usize, Episode)], onset: usize, end: usize) -> Confidence {
     let (mut dist, mut factor, mut flagged, mut intervals) = (Vec::new(), Vec::new(), 0, 0);
-    let mut peer_cv = (f64::NAN, f64::NAN);
+    let mut peer_cv = (None, None);
     for &(v, _) in group {
         let spread = ctx.peers.spread[ctx.lay.role_of[v]];
-        peer_cv = (
-            spread.lat.unwrap_or(f64::NAN),
-            spread.iops.unwrap_or(f64::NAN),
-        );
+        peer_cv = (spread.lat, spread.iops);
         let sigmas = spread.sigmas(ctx.opts);
         for (i, p) in ctx.points(v, onset, end) {
             let d = Distance::of(p, ctx.stats(v, i), ctx.opts);

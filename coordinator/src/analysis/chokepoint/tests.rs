@@ -720,8 +720,37 @@ fn empty_and_tiny_timelines_do_not_panic() {
 fn analysis_is_deterministic_on_generated_scenarios() {
     for sc in scenario::suite(42, 9) {
         let o = sc.options(&AnalysisOptions::default());
-        assert_eq!(analyze(&sc.timeline, &o), analyze(&sc.timeline, &o));
+        let r = analyze(&sc.timeline, &o);
+        assert_eq!(r, analyze(&sc.timeline, &o));
+        assert_reads_back(&r);
     }
+}
+
+/// The report reads back from its JSON as it was. JSON has no NaN or infinity: serde_json
+/// writes them as null, which a plain `f64` field cannot read, so a non-finite figure anywhere
+/// makes results.json unreadable (and an `Option<f64>` would read back as `None`).
+fn assert_reads_back(r: &ChokepointReport) {
+    let json = serde_json::to_string(r).expect("serializing the report");
+    let back: ChokepointReport = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("the report does not read back: {e}\n{json}"));
+    assert_eq!(&back, r, "{json}");
+}
+
+/// Two volumes in a role: each has one peer and no measured spread. The verdict still names
+/// the slow one and its report reads back (a NaN spread once made results.json unreadable).
+#[test]
+fn a_two_volume_roles_verdict_reads_back_from_json() {
+    let t = cluster(2, 1, 60, |node, _, k| {
+        (if node == 1 && k >= 20 { 10.0 } else { 1.0 }, f64::INFINITY)
+    });
+    let r = analyze(&t, &AnalysisOptions::default());
+    assert_eq!(volume_of(&r), Some(("worker-2", "/data0")));
+    let Verdict::Volume(v) = &r.verdict else {
+        unreachable!()
+    };
+    assert_eq!(v.confidence.peer_cv, None);
+    assert!(render_text(&r).contains("unmeasured"), "{}", render_text(&r));
+    assert_reads_back(&r);
 }
 
 fn small_scenario(kind: ScenarioKind, seed: u64) -> scenario::Scenario {
@@ -806,6 +835,7 @@ proptest! {
             s.points.truncate(cut);
         }
         let r = analyze(&t, &sc.options(&AnalysisOptions::default()));
+        assert_reads_back(&r);
         prop_assert!(r.analyzed_through_ms <= cut as u64 * 1000);
         if let Verdict::Volume(v) = &r.verdict {
             prop_assert!(v.onset_interval < cut.max(1));
@@ -1054,8 +1084,8 @@ fn confidence_is_sure_only_when_the_typical_interval_is_clearly_out() {
         flagged_intervals: flagged,
         intervals: 40,
         median_distance: distance,
-        peer_cv: 0.02,
-        peer_iops_cv: 0.01,
+        peer_cv: Some(0.02),
+        peer_iops_cv: Some(0.01),
         slowdown,
     };
     let level = |x: Confidence, kind| x.finish(kind, &opts).level;

@@ -80,12 +80,9 @@ pub fn render_text(r: &ChokepointReport) -> String {
 /// "confidence: sure (30 of 30 intervals flagged, typically 8.2 robust sigmas and 1.5x
 /// slower than its peers' center; peers' spread 2.1% latency, 0.4% IOPS)".
 fn confidence_text(c: &Confidence) -> String {
-    let spread = |x: f64| {
-        if x.is_finite() {
-            percent(x)
-        } else {
-            "unmeasured".to_string()
-        }
+    let spread = |x: Option<f64>| match x {
+        Some(x) if x.is_finite() => percent(x),
+        _ => "unmeasured".to_string(),
     };
     format!(
         "confidence: {} ({} of {} intervals flagged, typically {:.1} robust sigmas and {:.2}x slower than its peers' center; peers' spread {} latency, {} IOPS)",
