@@ -286,7 +286,13 @@ fn mixture_quantile(points: &[VolumePoint], q: f64) -> f64 {
         0.0f64,
         points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max),
     );
+    // Far finer than the f32 a point is stored as (data/points.bin) and than any plot shows.
+    // At most the 60 steps of the f64's last bit (which also ends the search near zero, where
+    // `hi x precision` underflows).
     for _ in 0..60 {
+        if hi - lo <= hi * QUANTILE_PRECISION {
+            break;
+        }
         let mid = (lo + hi) / 2.0;
         if below(mid) >= q {
             hi = mid;
@@ -296,6 +302,10 @@ fn mixture_quantile(points: &[VolumePoint], q: f64) -> f64 {
     }
     hi
 }
+
+/// Relative precision of a folded point's p99: a search to the last bit of an f64 took 60 steps,
+/// this one takes about 35.
+const QUANTILE_PRECISION: f64 = 1e-9;
 
 #[cfg(test)]
 mod tests {
@@ -353,8 +363,8 @@ mod tests {
         assert!(f.lat_p99_us >= 19_000.0, "{}", f.lat_p99_us);
     }
 
-    /// The search as first written, one logarithm per point and step: the reference the
-    /// faster search must equal bit for bit.
+    /// The search as first written, one logarithm per point and step, to the last bit: the
+    /// reference of the faster search.
     fn reference_quantile(points: &[VolumePoint], q: f64) -> f64 {
         let share_below = |p: &VolumePoint, x: f64| {
             let anchors = [
@@ -397,7 +407,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Taking the logarithms once per fold changes no folded p99, not even in its last bit.
+        /// Taking the logarithms once per fold and stopping at [`QUANTILE_PRECISION`] move no
+        /// folded p99 by more than that precision.
         #[test]
         fn the_mixture_quantile_equals_its_reference(
             pts in proptest::collection::vec(
@@ -410,7 +421,8 @@ mod tests {
                 .map(|(i, &(n, p50, a, b))| pt(i as u64, n, p50, p50 * a, p50 * a * b))
                 .collect();
             let (fast, slow) = (mixture_quantile(&points, q), reference_quantile(&points, q));
-            proptest::prop_assert_eq!(fast.to_bits(), slow.to_bits(), "{} vs {}", fast, slow);
+            let off = (fast - slow).abs() / slow.max(f64::MIN_POSITIVE);
+            proptest::prop_assert!(off <= 2.0 * QUANTILE_PRECISION, "{} vs {}", fast, slow);
         }
     }
 
