@@ -394,6 +394,11 @@ impl Merger {
         let dir =
             |d: &Option<DirInterval>| d.as_ref().map_or([0; 3], |d| [d.ios, d.bytes, d.errors]);
         let (r, w) = (dir(&vi.read), dir(&vi.write));
+        // What the agent says it kept in flight, taken only when it is a number: a NaN from an
+        // agent would reach the volume's mean and the finder's evidence, and results.json has
+        // no way to write it.
+        let outstanding = Some(vi.outstanding).filter(|o| o.is_finite() && *o >= 0.0);
+        let outstanding = outstanding.unwrap_or(0.0);
         let u = if measured {
             for (d, t) in acc.total.iter_mut().enumerate() {
                 let x = [r, w][d];
@@ -401,7 +406,7 @@ impl Merger {
                 t.bytes += x[1];
                 t.errors += x[2];
             }
-            acc.outstanding_sum += vi.outstanding;
+            acc.outstanding_sum += outstanding;
             acc.intervals += 1;
             let counters = [r[0] + w[0], r[1] + w[1], r[2] + w[2]];
             self.cluster
@@ -419,7 +424,7 @@ impl Merger {
             ios: [r[0], w[0]],
             bytes: [r[1], w[1]],
             errors: [r[2], w[2]],
-            outstanding: vi.outstanding,
+            outstanding,
             lat_mean_us: u.mean / 1000.0,
             lat_p50_us: us(u.quantiles[0]),
             lat_p99_us: us(u.quantiles[1]),
@@ -724,6 +729,23 @@ mod tests {
         assert_eq!(f.volumes[0].summary.read.ios, 2);
         assert_eq!(m.timeline().volumes[0].points.len(), 2);
         assert!((f.volumes[0].summary.read.iops - 2.0 / 1.5).abs() < 1e-9);
+    }
+
+    /// An agent's outstanding IOs that are not a number are taken as none: results.json could
+    /// not hold them.
+    #[test]
+    fn an_outstanding_figure_that_is_not_a_number_is_not_taken() {
+        let mut m = Merger::new(1000, &[info("a")]);
+        for (i, o) in [f64::NAN, f64::INFINITY, -1.0, 4.0].into_iter().enumerate() {
+            let mut v = vi("data", &[1000]);
+            v.outstanding = o;
+            m.ingest("a", i as u64, 1000, &v, true).unwrap();
+        }
+        let f = m.finish(4.0).unwrap();
+        assert_eq!(f.volumes[0].outstanding_mean, 1.0);
+        let t = m.timeline();
+        let o: Vec<f64> = t.volumes[0].points.iter().map(|p| p.outstanding).collect();
+        assert_eq!(o, [0.0, 0.0, 0.0, 4.0]);
     }
 
     fn planned(nodes: usize, vols: usize) -> Vec<PlannedVolume> {
