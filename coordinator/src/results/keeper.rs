@@ -392,9 +392,17 @@ mod tests {
         if total <= 0.0 {
             return 0.0;
         }
-        let below =
-            |x: f64| points.iter().map(|p| ios(p) * share_below(p, x)).sum::<f64>() / total;
-        let (mut lo, mut hi) = (0.0f64, points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max));
+        let below = |x: f64| {
+            points
+                .iter()
+                .map(|p| ios(p) * share_below(p, x))
+                .sum::<f64>()
+                / total
+        };
+        let (mut lo, mut hi) = (
+            0.0f64,
+            points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max),
+        );
         for _ in 0..60 {
             let mid = (lo + hi) / 2.0;
             if below(mid) >= q {

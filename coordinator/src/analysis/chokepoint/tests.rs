@@ -749,7 +749,11 @@ fn a_two_volume_roles_verdict_reads_back_from_json() {
         unreachable!()
     };
     assert_eq!(v.confidence.peer_cv, None);
-    assert!(render_text(&r).contains("unmeasured"), "{}", render_text(&r));
+    assert!(
+        render_text(&r).contains("unmeasured"),
+        "{}",
+        render_text(&r)
+    );
     assert_reads_back(&r);
 }
 
