@@ -193,7 +193,15 @@ pub fn step_onset(xs: &[f64], min_step: f64, hint: usize) -> Option<usize> {
             best = (cost, k + 1);
         }
     }
-    (best.1 > 0 && best.1 < xs.len()).then_some(best.1)
+    // A departure in two stages (an open-loop queue that builds: IOPS down at once, latency up
+    // to its cap a few intervals later) has its first stage nearer the low level than the
+    // high: clearly out of the baseline, but classified low. Those values just before the
+    // split, from the hint on, belong to the episode: the onset is where they begin.
+    let mut k = best.1;
+    while k > hint && k <= xs.len() && xs[k - 1] >= low + min_step && xs[k - 1] <= burst {
+        k -= 1;
+    }
+    (k > 0 && k < xs.len()).then_some(k)
 }
 
 /// Small-sample consistency factor of the MAD-based sigma: with n values the MAD is biased low
@@ -338,6 +346,22 @@ mod tests {
         tie.extend([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
         assert_eq!(step_onset(&tie, 0.4, 10), Some(10));
         assert_eq!(step_onset(&tie, 0.4, 12), Some(12));
+    }
+
+    /// The e2e node-limit run on a loaded host: four intervals of IOPS deficit alone (the
+    /// peers' latency noisy too), then the queue's latency at the cap. The onset is where the
+    /// deficit began, not where the latency reached its cap.
+    #[test]
+    fn step_onset_keeps_the_first_stage_of_a_two_stage_departure() {
+        let mut xs = vec![0.05; 8];
+        xs.extend([1.2, 1.9, 1.6, 2.3]);
+        xs.extend([5.0; 14]);
+        assert_eq!(step_onset(&xs, 0.4, 8), Some(8));
+        // Not before the first flagged interval, however high the values before it.
+        assert_eq!(step_onset(&xs, 0.4, 10), Some(10));
+        // A dip back to the baseline between the first stage and the step ends the walk back.
+        xs[10] = 0.05;
+        assert_eq!(step_onset(&xs, 0.4, 8), Some(11));
     }
 
     #[test]
