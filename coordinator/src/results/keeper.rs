@@ -282,19 +282,22 @@ fn mixture_quantile(points: &[VolumePoint], q: f64) -> f64 {
             .sum::<f64>()
             / total
     };
-    let (mut lo, mut hi) = (
-        0.0f64,
-        points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max),
-    );
+    let max = points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max);
     // Far finer than the f32 a point is stored as (data/points.bin) and than any plot shows.
-    // At most the 60 steps of the f64's last bit (which also ends the search near zero, where
-    // `hi x precision` underflows).
+    bisect(max, QUANTILE_PRECISION, |x| below(x) >= q)
+}
+
+/// The least x in [0, `hi`] at which `reached` holds (it holds from some point on), to a
+/// relative `precision`. At most the 60 steps of an f64's last bit, which also ends the search
+/// near zero, where `hi x precision` underflows.
+fn bisect(mut hi: f64, precision: f64, reached: impl Fn(f64) -> bool) -> f64 {
+    let mut lo = 0.0f64;
     for _ in 0..60 {
-        if hi - lo <= hi * QUANTILE_PRECISION {
+        if hi - lo <= hi * precision {
             break;
         }
         let mid = (lo + hi) / 2.0;
-        if below(mid) >= q {
+        if reached(mid) {
             hi = mid;
         } else {
             lo = mid;
@@ -399,19 +402,9 @@ mod tests {
                 .sum::<f64>()
                 / total
         };
-        let (mut lo, mut hi) = (
-            0.0f64,
-            points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max),
-        );
-        for _ in 0..60 {
-            let mid = (lo + hi) / 2.0;
-            if below(mid) >= q {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
-        hi
+        let max = points.iter().map(|p| p.lat_max_us).fold(0.0, f64::max);
+        // Precision 0: all 60 steps, to the last bit, as first written.
+        bisect(max, 0.0, |x| below(x) >= q)
     }
 
     proptest::proptest! {

@@ -689,7 +689,7 @@ fn render_text_gives_the_product_sentence() {
         json.contains("\"verdict\":\"volume\"") && json.contains("\"kind\":\"credit_exhaustion\""),
         "{json}"
     );
-    assert_eq!(serde_json::from_str::<ChokepointReport>(&json).unwrap(), r);
+    assert_reads_back(&r);
 }
 
 #[test]
