@@ -397,8 +397,9 @@ impl Merger {
         // What the agent says it kept in flight, taken only when it is a number: a NaN from an
         // agent would reach the volume's mean and the finder's evidence, and results.json has
         // no way to write it.
-        let outstanding = Some(vi.outstanding).filter(|o| o.is_finite() && *o >= 0.0);
-        let outstanding = outstanding.unwrap_or(0.0);
+        let outstanding = Some(vi.outstanding)
+            .filter(|o| o.is_finite() && *o >= 0.0)
+            .unwrap_or(0.0);
         let u = if measured {
             for (d, t) in acc.total.iter_mut().enumerate() {
                 let x = [r, w][d];

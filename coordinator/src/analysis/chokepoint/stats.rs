@@ -198,7 +198,7 @@ pub fn step_onset(xs: &[f64], min_step: f64, hint: usize) -> Option<usize> {
     // high: clearly out of the baseline, but classified low. Those values just before the
     // split, from the hint on, belong to the episode: the onset is where they begin.
     let mut k = best.1;
-    while k > hint && k <= xs.len() && xs[k - 1] >= low + min_step && xs[k - 1] <= burst {
+    while k > hint && xs[k - 1] >= low + min_step && xs[k - 1] <= burst {
         k -= 1;
     }
     (k > 0 && k < xs.len()).then_some(k)
